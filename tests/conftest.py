@@ -1,0 +1,116 @@
+"""Shared fixtures: trial paths, the real CLI as a subprocess, the real encoder, and a process reaper."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from trialtool import tokens
+
+
+@pytest.fixture(scope="session")
+def encoder() -> Any:
+    """The real o200k_base encoder, built once from the bundled rank file."""
+    return tokens.RankFile(tokens.locate()).encoder()
+
+
+class TrialFiles:
+    """A trial's state and log paths, and helpers to run trial-tool against them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.state = root / "state.json"
+        self.log = root / "log.jsonl"
+
+    def cli(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 60, **kwargs: Any
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run `python -m trialtool` for real: flags first, then whatever follows."""
+        argv = [sys.executable, "-m", "trialtool", *args]
+        return subprocess.run(argv, capture_output=True, timeout=timeout, env=env, **kwargs)
+
+    def call(self, *command: str, flags: tuple[str, ...] = (), **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        return self.cli("--state", str(self.state), "--log", str(self.log), *flags, "--", *command, **kwargs)
+
+    def state_json(self) -> dict[str, Any]:
+        return json.loads(self.state.read_text())
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def snapshot(self) -> dict[str, bytes | None]:
+        """Every file of the trial, byte for byte (the lock file aside: it is scratch)."""
+        return {
+            path.name: path.read_bytes()
+            for path in sorted(self.root.iterdir())
+            if path.is_file() and not path.name.endswith(".lock")
+        }
+
+
+@pytest.fixture
+def trial(tmp_path: Path) -> TrialFiles:
+    return TrialFiles(tmp_path)
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A unique word to put in a test's commands; every process carrying it is killed afterwards.
+
+    The reaper follows psutil's tests: SIGCONT before SIGKILL so a stopped process
+    dies too, then wait on each, on the monotonic clock.
+    """
+    word = f"trialtool-marker-{uuid.uuid4().hex}"
+    yield word
+    leftovers = marked(word)
+    for proc in leftovers:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+    psutil.wait_procs(leftovers, timeout=5)
+    assert not leftovers, f"processes outlived the test: {[p.pid for p in leftovers]}"
+
+
+def marked(word: str) -> list[psutil.Process]:
+    """Live processes whose command line or environment carries `word`."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(word in part for part in proc.info["cmdline"] or ()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_until(predicate: Any, timeout: float = 10.0) -> bool:
+    """Poll `predicate` on the monotonic clock: for conditions no event announces (a process gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return bool(predicate())
+
+
+@pytest.fixture(autouse=True)
+def _no_network_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Make sure no test quietly relies on a tiktoken cache on this machine.
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
+    monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
+    monkeypatch.delenv(tokens.RANK_FILE_ENV, raising=False)

@@ -1,0 +1,146 @@
+"""The command line: arguments in, exit code out. No decisions are made here.
+
+    trial-tool [run] --state S --log L [limits] [options] -- CMD ARGS...
+    trial-tool init  --state S --log L [limits]
+    trial-tool status --state S --log L
+
+Everything after the first `--` is the command, untouched. Every TrialToolError
+becomes one line on stderr and its class's exit code, in `main` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, NoReturn, Sequence
+
+from .errors import TrialToolError, UsageError
+from .ledger import DEFAULT_LOCK_TIMEOUT
+from .limits import CLIP_MODES, Limits
+
+SUBCOMMANDS = ("run", "init", "status")
+
+_LIMIT_HELP = {
+    "max_calls": "calls the trial may make (default %(default)s)",
+    "max_tokens": "o200k_base tokens delivered over the whole trial (default %(default)s)",
+    "max_call_tokens": "o200k_base tokens one call may deliver (default %(default)s)",
+    "trial_timeout": "seconds of wall clock from the trial's start (default %(default)s)",
+    "call_timeout": "seconds one command may run (default %(default)s)",
+    "max_capture_bytes": "bytes kept per stream; past it the command is stopped (default %(default)s)",
+    "kill_grace": "seconds between SIGTERM and SIGKILL when stopping a command (default %(default)s)",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse would exit 2 with a usage block; we promise one line and exit 125.
+        raise UsageError(message)
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        msg = f"not a number: {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def _parser(command: str) -> _Parser:
+    parser = _Parser(
+        prog=f"trial-tool {command}" if command != "run" else "trial-tool",
+        description="Run one agent tool call within a trial's budgets of calls, tokens and time.",
+    )
+    parser.add_argument("--state", required=True, help="the trial's JSON state file")
+    parser.add_argument("--log", required=True, help="the trial's JSONL audit log")
+    parser.add_argument(
+        "--lock-timeout",
+        type=_number,
+        default=DEFAULT_LOCK_TIMEOUT,
+        help="seconds to wait for the ledger lock (default %(default)s)",
+    )
+    if command in ("run", "init"):
+        defaults = Limits()
+        limits = parser.add_argument_group("limits (pinned when the trial is created)")
+        for name, text in _LIMIT_HELP.items():
+            limits.add_argument(
+                "--" + name.replace("_", "-"), dest=name, type=_number, default=None, metavar="N",
+                help=text % {"default": getattr(defaults, name)},
+            )
+        limits.add_argument(
+            "--clip", choices=CLIP_MODES, default=None,
+            help=f"how to cut output over the allowance (default {defaults.clip})",
+        )
+    if command == "run":
+        parser.add_argument(
+            "--o200k-file", default=None, help="the o200k_base.tiktoken rank file to use (else TRIALTOOL_O200K_FILE, the bundled copy, tiktoken's cache)"
+        )
+    return parser
+
+
+def _split(argv: list[str]) -> tuple[str, list[str], list[str]]:
+    """(subcommand, its flags, the command after `--`)."""
+    command = "run"
+    if argv and argv[0] in SUBCOMMANDS:
+        command, argv = argv[0], argv[1:]
+    if "--" in argv:
+        cut = argv.index("--")
+        return command, argv[:cut], argv[cut + 1 :]
+    return command, argv, []
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    names = [*_LIMIT_HELP, "clip"]
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def _run(argv: list[str]) -> int:
+    from .trial import Trial
+
+    command, flags, tool_argv = _split(argv)
+    if command == "run" and "--" not in argv and not any(f in ("-h", "--help") for f in flags):
+        raise UsageError("missing `--` before the command: trial-tool --state S --log L -- CMD ARGS...")
+    args = _parser(command).parse_args(flags)
+    if command == "run":
+        if not tool_argv:
+            raise UsageError("no command after `--`")
+        trial = Trial(args.state, args.log, limits=_overrides(args), lock_timeout=args.lock_timeout, rank_file=args.o200k_file)
+        result = trial.run(tool_argv)
+        # Written as UTF-8 bytes: exactly the text that was counted, whatever the locale.
+        sys.stdout.buffer.write(result.stdout.encode("utf-8"))
+        sys.stdout.flush()
+        sys.stderr.buffer.write(result.stderr.encode("utf-8"))
+        sys.stderr.flush()
+        return result.exit_code
+    if tool_argv:
+        raise UsageError(f"`trial-tool {command}` takes no command")
+    trial = Trial(args.state, args.log, limits=_overrides(args), lock_timeout=args.lock_timeout)
+    state = trial.init() if command == "init" else trial.status()
+    print(json.dumps(_describe(state), indent=2, sort_keys=True))
+    return 0
+
+
+def _describe(state: dict[str, Any]) -> dict[str, Any]:
+    """The state as JSON, with what is left of each budget."""
+    limits: Limits = state["limits"]
+    shown = dict(state)
+    shown["limits"] = limits._asdict()
+    shown["log"] = state["log"]._asdict()
+    shown["left"] = {
+        "calls": limits.max_calls - state["calls"],
+        "tokens": limits.max_tokens - state["emitted_tokens"],
+        "seconds": max(0.0, limits.trial_timeout - state["elapsed_seconds"]),
+    }
+    return shown
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `trial-tool` and `python -m trialtool`; returns the exit code."""
+    try:
+        return _run(list(sys.argv[1:] if argv is None else argv))
+    except TrialToolError as exc:
+        print(f"trial-tool: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+
+
+__all__ = ["main"]

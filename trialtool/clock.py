@@ -1,0 +1,59 @@
+"""Trial time that other processes agree on and that a stepped wall clock cannot refund.
+
+Within one process, deadlines use `time.monotonic()`. Across the processes of
+one trial (each call is its own trial-tool process) we need a clock they share:
+on Linux, CLOCK_BOOTTIME, which counts from boot, includes suspend and is never
+stepped; it is comparable only on the same boot, so the state records the boot
+id (/proc/sys/kernel/random/boot_id) beside the reading. On another boot, or
+where there is no boot id (macOS), elapsed time falls back to the wall clock.
+Either way it never decreases: the state keeps the largest value seen.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str | None:
+    """This boot's id on Linux, None elsewhere."""
+    try:
+        with open(_BOOT_ID_PATH, encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+def boot_clock() -> float:
+    """Seconds on a clock shared by every process of this boot and never stepped."""
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock_id is None:
+        return time.monotonic()
+    return time.clock_gettime(clock_id)
+
+
+def anchor() -> dict[str, Any]:
+    """What the state records at a trial's start so later processes can measure from it."""
+    return {"boot_id": boot_id(), "boot_clock": boot_clock()}
+
+
+def elapsed(anchor_: dict[str, Any], started_at: float, floor: float) -> float:
+    """Seconds since the trial started, never less than `floor` (the last value recorded)."""
+    here = boot_id()
+    if here is not None and here == anchor_.get("boot_id"):
+        seconds = boot_clock() - float(anchor_["boot_clock"])
+    else:
+        seconds = time.time() - started_at
+    return max(seconds, floor)
+
+
+def utc(timestamp: float) -> str:
+    """An RFC 3339 UTC timestamp with milliseconds (cheaper to import than datetime)."""
+    whole = int(timestamp)
+    millis = int((timestamp - whole) * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{millis:03d}Z"
+
+
+__all__ = ["anchor", "boot_clock", "boot_id", "elapsed", "utc"]

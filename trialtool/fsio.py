@@ -1,0 +1,117 @@
+"""Durable file writes: the one seam through which the ledger and the log touch the disk.
+
+Every write here is followed by fsync, and an fsync error is never retried: after a
+failed fsync the kernel may have dropped the dirty pages, so a retry can report
+success for data that is gone (https://lwn.net/Articles/752063/). Failures surface
+as StorageError naming the file and the step.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import StorageError
+
+
+def _fail(step: str, path: Path, exc: OSError) -> StorageError:
+    reason = exc.strerror or str(exc)
+    return StorageError(f"cannot {step} {path}: {reason}")
+
+
+def read_bytes(path: Path) -> bytes | None:
+    """The file's bytes, or None when it does not exist."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _fail("read", path, exc) from exc
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or a file creation in `directory` durable."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        raise _fail("open directory", directory, exc) from exc
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise _fail("fsync directory", directory, exc) from exc
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that a crash leaves the old file or the new, never a mix.
+
+    Temp file in the same directory, write, fsync, os.replace, fsync the directory.
+    """
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError as exc:
+        raise _fail("create", temporary, exc) from exc
+    step = "write"
+    try:
+        try:
+            _write_all(fd, data)
+            step = "fsync"
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        step = "replace"
+        os.replace(temporary, path)
+    except OSError as exc:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass  # the original error is the one worth reporting
+        raise _fail(step, path if step == "replace" else temporary, exc) from exc
+    fsync_directory(path.parent)
+
+
+def append(path: Path, data: bytes) -> int:
+    """Append `data` to `path` (created if missing) and fsync it; return the new size.
+
+    On failure the file is cut back to its old size, so that a failed append leaves
+    no partial line behind; if even that fails the caller sees the original error
+    and the next reader finds a torn tail.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        raise _fail("open", path, exc) from exc
+    created = False
+    try:
+        old_size = os.fstat(fd).st_size
+        created = old_size == 0
+        step = "append to"
+        try:
+            _write_all(fd, data)
+            step = "fsync"
+            os.fsync(fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, old_size)
+            except OSError:
+                pass  # reported through the original error below
+            raise _fail(step, path, exc) from exc
+        new_size = old_size + len(data)
+    finally:
+        os.close(fd)
+    if created:
+        fsync_directory(path.parent)
+    return new_size
+
+
+__all__ = ["append", "atomic_write", "fsync_directory", "read_bytes"]

@@ -1,0 +1,124 @@
+"""o200k_base, exactly and offline: find the rank file, check its hash, build the real encoder.
+
+tiktoken's `get_encoding("o200k_base")` downloads the rank file on first use; a
+graded trial runs offline, so we build the same `tiktoken.Encoding` from a local
+copy of the official file, checked against the SHA-256 tiktoken itself expects
+(`tiktoken_ext/openai_public.py`). Where the file comes from, first found wins:
+
+1. an explicit override: the `rank_file` argument (CLI `--o200k-file`) or the
+   environment variable TRIALTOOL_O200K_FILE;
+2. the copy shipped as package data (`trialtool/data/o200k_base.tiktoken`);
+3. tiktoken's own cache (TIKTOKEN_CACHE_DIR, DATA_GYM_CACHE_DIR, or
+   <tmp>/data-gym-cache, under the SHA-1 of the download URL, as tiktoken names it).
+
+A chosen file with the wrong hash is an error, never skipped: a tampered or
+truncated vocabulary would silently change every count. tiktoken is imported
+only when an encoder is built, because its import alone costs ~25 ms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import EncoderError
+
+if TYPE_CHECKING:
+    import tiktoken
+
+ENCODING_NAME = "o200k_base"
+EXPECTED_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+RANK_FILE_ENV = "TRIALTOOL_O200K_FILE"
+_DOWNLOAD_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+_BUNDLED = Path(__file__).with_name("data") / "o200k_base.tiktoken"
+
+# The o200k_base split pattern and special tokens, as tiktoken_ext/openai_public.py
+# defines them. tiktoken offers no way to get them without loading (and so
+# downloading) the ranks; tests/test_tokens.py checks these against tiktoken's own
+# constructor so that a drift cannot pass unnoticed.
+_PAT_STR = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+_SPECIAL_TOKENS = {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}
+
+_FIX = (
+    f"point --o200k-file or {RANK_FILE_ENV} at the official o200k_base.tiktoken "
+    f"(sha256 {EXPECTED_SHA256}), or reinstall trialtool to restore its bundled copy"
+)
+
+
+def tiktoken_cache_path() -> Path:
+    """Where tiktoken would cache the o200k_base file on this machine."""
+    cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+    if not cache_dir:
+        import tempfile  # only on this fallback path: it costs ~6 ms to import
+
+        cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    return Path(cache_dir) / hashlib.sha1(_DOWNLOAD_URL.encode()).hexdigest()
+
+
+def locate(rank_file: str | os.PathLike[str] | None = None) -> Path:
+    """The rank file to use, by the order in the module docstring; EncoderError if none."""
+    explicit = rank_file if rank_file is not None else os.environ.get(RANK_FILE_ENV)
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            msg = f"o200k_base rank file {path} does not exist; {_FIX}"
+            raise EncoderError(msg)
+        return path
+    if _BUNDLED.is_file():
+        return _BUNDLED
+    cached = tiktoken_cache_path()
+    if cached.is_file():
+        return cached
+    msg = f"no o200k_base rank file: the bundled copy {_BUNDLED} is missing and tiktoken's cache {cached} is empty; {_FIX}"
+    raise EncoderError(msg)
+
+
+class RankFile:
+    """The verified bytes of an o200k_base rank file; `encoder()` builds and memoises the encoder."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._data = path.read_bytes()
+        except OSError as exc:
+            msg = f"cannot read o200k_base rank file {path}: {exc.strerror or exc}; {_FIX}"
+            raise EncoderError(msg) from exc
+        digest = hashlib.sha256(self._data).hexdigest()
+        if digest != EXPECTED_SHA256:
+            msg = f"o200k_base rank file {path} has sha256 {digest}, expected {EXPECTED_SHA256}; {_FIX}"
+            raise EncoderError(msg)
+        self._encoder: tiktoken.Encoding | None = None
+
+    def encoder(self) -> tiktoken.Encoding:
+        """The real tiktoken Encoding for o200k_base, built on first use (~0.3 s)."""
+        if self._encoder is None:
+            import binascii
+
+            import tiktoken
+
+            fields = self._data.split()
+            # Each line is "<base64 token> <rank>"; a file that passed the hash check is well formed.
+            ranks = dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2])))
+            self._encoder = tiktoken.Encoding(
+                name=ENCODING_NAME,
+                pat_str=_PAT_STR,
+                mergeable_ranks=ranks,
+                special_tokens=_SPECIAL_TOKENS,
+            )
+            self._data = b""  # the ranks now live in the encoder
+        return self._encoder
+
+
+__all__ = ["ENCODING_NAME", "EXPECTED_SHA256", "RANK_FILE_ENV", "RankFile", "locate", "tiktoken_cache_path"]

@@ -1,0 +1,247 @@
+"""`Trial`: the one place policy lives. Reserve a call, run it, clip its output, commit it."""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from . import clipping, clock, process, records, tokens
+from .errors import (
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_TIMEOUT,
+    TrialToolError,
+)
+from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
+from .limits import FLAG_OF, Limits
+
+
+class CallResult(NamedTuple):
+    """One call as the agent and the harness see it."""
+
+    sequence: int
+    #: The record's status word (ok, error, truncated, timeout, output_limit, command_error).
+    status: str
+    #: What the CLI exits with: the command's code, 124, 126, 127, or 128+signal.
+    exit_code: int
+    #: The text delivered to the agent, already clipped to the allowance.
+    stdout: str
+    stderr: str
+    #: o200k_base tokens of stdout + stderr as delivered (a recount of exactly that text).
+    delivered_tokens: int
+    allowance: int
+    #: True when the delivered text is not all the command printed.
+    output_truncated: bool
+    #: The audit record as written to the log.
+    record: dict[str, Any]
+
+
+def _decode(data: bytes, cut_at_cap: bool) -> str:
+    """UTF-8 with replacement; a sequence cut by the capture cap is dropped, not replaced.
+
+    A command's own invalid bytes become U+FFFD (they are what it printed); half a
+    character that only our cap cut off would be a character it never printed.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    return decoder.decode(data, final=not cut_at_cap)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class Trial:
+    """A trial: its state and log, its limits, and the runs of its calls.
+
+    `limits` are the values passed for this use; at creation they are pinned,
+    afterwards any that differ from the pinned ones make every call fail.
+    """
+
+    def __init__(
+        self,
+        state_path: str | os.PathLike[str],
+        log_path: str | os.PathLike[str],
+        *,
+        limits: dict[str, Any] | None = None,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        rank_file: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.ledger = Ledger(Path(state_path), Path(log_path), lock_timeout=lock_timeout)
+        self.overrides = dict(limits or {})
+        self._rank_file = rank_file
+        self._ranks: tokens.RankFile | None = None
+
+    def init(self) -> dict[str, Any]:
+        """Create the trial and pin its limits."""
+        return self.ledger.init(self.overrides)
+
+    def status(self) -> dict[str, Any]:
+        """The trial's state now."""
+        return self.ledger.status()
+
+    def _rank_file_checked(self) -> tokens.RankFile:
+        # Checked before the call is charged, so missing or wrong data costs nothing.
+        if self._ranks is None:
+            self._ranks = tokens.RankFile(tokens.locate(self._rank_file))
+        return self._ranks
+
+    def run(self, argv: list[str]) -> CallResult:
+        """Run one budgeted call; BudgetExhausted (logged) if a budget is spent."""
+        if not argv:
+            from .errors import UsageError
+
+            raise UsageError("no command given")
+        ranks = self._rank_file_checked()
+        reservation = self.ledger.reserve(self.overrides, argv)
+        limits = reservation.limits
+        started_wall = time.time()
+        deadline = time.monotonic() + reservation.run_seconds
+        try:
+            outcome = process.run(
+                argv,
+                deadline=deadline,
+                capture_cap=limits.max_capture_bytes,
+                kill_grace=limits.kill_grace,
+                spool_dir=self.ledger.state_path.parent,
+            )
+        except TrialToolError as exc:
+            self._commit_failure(reservation, argv, started_wall, exc)
+            raise
+        return self._finish(reservation, argv, outcome, ranks, started_wall)
+
+    def _commit_failure(
+        self, reservation: Reservation, argv: list[str], started_wall: float, exc: TrialToolError
+    ) -> None:
+        """Record a call that trial-tool itself failed to run; it stays charged."""
+        record = records.call(
+            trial_id=reservation.trial_id,
+            sequence=reservation.sequence,
+            command=argv,
+            status="trial_tool_error",
+            error=exc.message,
+            started_at_utc=clock.utc(started_wall),
+            ended_at_utc=clock.utc(time.time()),
+            allowance_tokens=reservation.allowance,
+            delivered_emitted_tokens=0,
+            complete_delivery=False,
+            token_cost_censored=True,
+        )
+        try:
+            self.ledger.commit(reservation, record)
+        except TrialToolError:
+            pass  # the original failure is the one to report; the call stays in flight and is recovered later
+
+    def _finish(
+        self,
+        reservation: Reservation,
+        argv: list[str],
+        outcome: process.Outcome,
+        ranks: tokens.RankFile,
+        started_wall: float,
+    ) -> CallResult:
+        limits = reservation.limits
+        stdout_cut = outcome.stdout_bytes > limits.max_capture_bytes
+        stderr_cut = outcome.stderr_bytes > limits.max_capture_bytes
+        status, exit_code, notice = _judge(outcome, reservation, argv, stdout_cut, stderr_cut)
+        stdout_text = _decode(outcome.stdout, stdout_cut)
+        stderr_text = _decode(outcome.stderr, stderr_cut)
+        if stdout_text or stderr_text or notice:
+            encoder = ranks.encoder()
+            out, err = clipping.deliver(
+                encoder, stdout_text, stderr_text, reservation.allowance, limits.clip, notice
+            )
+        else:
+            # Nothing printed: nothing to count, and the encoder is never built.
+            out = err = clipping.StreamDelivery("", 0, 0, False)
+        clipped = out.clipped or err.clipped
+        if clipped and status == "ok":
+            status = "truncated"
+        ran_to_end = outcome.ended == "exited"
+        delivered = out.tokens + err.tokens
+        record = records.call(
+            trial_id=reservation.trial_id,
+            sequence=reservation.sequence,
+            command=argv,
+            status=status,
+            complete_delivery=ran_to_end and not (clipped or stdout_cut or stderr_cut),
+            stdout_b64=base64.b64encode(outcome.stdout).decode("ascii"),
+            stderr_b64=base64.b64encode(outcome.stderr).decode("ascii"),
+            stdout_bytes=outcome.stdout_bytes,
+            stderr_bytes=outcome.stderr_bytes,
+            stdout_sha256=outcome.stdout_sha256,
+            stderr_sha256=outcome.stderr_sha256,
+            stdout_capture_truncated=stdout_cut,
+            stderr_capture_truncated=stderr_cut,
+            delivered_stdout_bytes=len(out.text.encode("utf-8")),
+            delivered_stderr_bytes=len(err.text.encode("utf-8")),
+            delivered_stdout_sha256=_sha256(out.text),
+            delivered_stderr_sha256=_sha256(err.text),
+            observed_stdout_tokens=out.observed_tokens,
+            observed_stderr_tokens=err.observed_tokens,
+            observed_emitted_tokens=out.observed_tokens + err.observed_tokens,
+            delivered_stdout_tokens=out.tokens,
+            delivered_stderr_tokens=err.tokens,
+            delivered_emitted_tokens=delivered,
+            allowance_tokens=reservation.allowance,
+            clip=limits.clip,
+            tokenizer=tokens.ENCODING_NAME,
+            token_cost_censored=not ran_to_end or stdout_cut or stderr_cut,
+            output_truncated=clipped,
+            trial_tool_notice=notice or None,
+            elapsed_seconds=outcome.elapsed,
+            started_at_utc=clock.utc(started_wall),
+            ended_at_utc=clock.utc(time.time()),
+            deadline_seconds=reservation.run_seconds,
+            deadline_kind=reservation.deadline_kind,
+            ended=outcome.ended,
+            command_exit_code=outcome.exit_code,
+            command_signal=outcome.signal,
+            return_code=exit_code,
+            error=outcome.error,
+        )
+        self.ledger.commit(reservation, record)
+        return CallResult(
+            sequence=reservation.sequence,
+            status=status,
+            exit_code=exit_code,
+            stdout=out.text,
+            stderr=err.text,
+            delivered_tokens=delivered,
+            allowance=reservation.allowance,
+            output_truncated=clipped,
+            record=record,
+        )
+
+
+def _judge(
+    outcome: process.Outcome, reservation: Reservation, argv: list[str], stdout_cut: bool, stderr_cut: bool
+) -> tuple[str, int, str]:
+    """The call's status, the exit code to report, and trial-tool's notice for the agent (or "")."""
+    limits: Limits = reservation.limits
+    if outcome.ended == "not_found":
+        return "command_error", EXIT_NOT_FOUND, f"trial-tool: {argv[0]}: command not found\n"
+    if outcome.ended == "not_executable":
+        return "command_error", EXIT_NOT_EXECUTABLE, f"trial-tool: {argv[0]}: cannot execute: {outcome.error}\n"
+    if outcome.ended == "deadline":
+        flag = FLAG_OF["call_timeout" if reservation.deadline_kind == "call" else "trial_timeout"]
+        what = f"stopped at the {reservation.run_seconds:.3g} s {reservation.deadline_kind} deadline ({flag})"
+        return "timeout", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
+    if outcome.ended == "output_limit":
+        stream = "stdout" if stdout_cut else "stderr"
+        what = f"stopped: {stream} passed {limits.max_capture_bytes} bytes ({FLAG_OF['max_capture_bytes']})"
+        return "output_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
+    if outcome.signal is not None:
+        code = 128 + outcome.signal
+    else:
+        code = outcome.exit_code if outcome.exit_code is not None else 1
+    if stdout_cut or stderr_cut:
+        return "output_limit", code, ""
+    return ("ok" if code == 0 else "error"), code, ""
+
+
+__all__ = ["CallResult", "Trial"]
