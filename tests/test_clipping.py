@@ -60,7 +60,9 @@ def made_of_original(delivered: str, original: str, suffix: str = "") -> bool:
 
 @SETTINGS
 @given(stdout=outputs, stderr=outputs, allowance=allowances, mode=modes)
-def test_delivery_is_exact_and_within_allowance(encoder: Any, stdout: str, stderr: str, allowance: int, mode: str) -> None:
+def test_delivery_is_exact_and_within_allowance(
+    encoder: Any, stdout: str, stderr: str, allowance: int, mode: str
+) -> None:
     out, err = clipping.deliver(encoder, stdout, stderr, allowance, mode)
     assert out.tokens == count(encoder, out.text)
     assert err.tokens == count(encoder, err.text)
@@ -73,7 +75,9 @@ def test_delivery_is_exact_and_within_allowance(encoder: Any, stdout: str, stder
 
 @SETTINGS
 @given(stdout=outputs, stderr=outputs, allowance=allowances, mode=modes)
-def test_output_within_allowance_passes_unchanged(encoder: Any, stdout: str, stderr: str, allowance: int, mode: str) -> None:
+def test_output_within_allowance_passes_unchanged(
+    encoder: Any, stdout: str, stderr: str, allowance: int, mode: str
+) -> None:
     allowance += count(encoder, stdout) + count(encoder, stderr)
     out, err = clipping.deliver(encoder, stdout, stderr, allowance, mode)
     assert (out.text, err.text) == (stdout, stderr)
@@ -90,7 +94,7 @@ def test_head_mode_delivers_prefixes(encoder: Any, stdout: str, stderr: str, all
 @SETTINGS
 @given(stdout=outputs, stderr=outputs, allowance=allowances, mode=modes)
 def test_stderr_gets_a_fair_share(encoder: Any, stdout: str, stderr: str, allowance: int, mode: str) -> None:
-    out, err = clipping.deliver(encoder, stdout, stderr, allowance, mode)
+    _, err = clipping.deliver(encoder, stdout, stderr, allowance, mode)
     # stderr is never left with less than it needs when it needs at most half.
     if count(encoder, stderr) <= allowance // 2:
         assert err.text == stderr

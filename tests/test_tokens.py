@@ -57,9 +57,11 @@ def test_tiktoken_cache_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     bundled = tokens.locate()
     monkeypatch.setattr(tokens, "_BUNDLED", tmp_path / "missing")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    with pytest.raises(EncoderError, match="bundled copy .* is missing"):
+    with pytest.raises(EncoderError, match=r"bundled copy .* is missing"):
         tokens.locate()
-    cached = tmp_path / hashlib.sha1(b"https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken").hexdigest()
+    cached = (
+        tmp_path / hashlib.sha1(b"https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken").hexdigest()
+    )
     shutil.copyfile(bundled, cached)
     assert tokens.locate() == cached
     tokens.RankFile(cached)  # and it passes the hash check
@@ -83,7 +85,18 @@ def test_no_network_is_touched(trial: TrialFiles, tmp_path: Path) -> None:
     empty_cache = tmp_path / "empty-cache"
     empty_cache.mkdir()
     env = {"PATH": "/usr/bin:/bin", "TIKTOKEN_CACHE_DIR": str(empty_cache), "HOME": str(tmp_path)}
-    argv = [sys.executable, "-c", NO_NETWORK, "--state", str(trial.state), "--log", str(trial.log), "--", "echo", "héllo wörld"]
+    argv = [
+        sys.executable,
+        "-c",
+        NO_NETWORK,
+        "--state",
+        str(trial.state),
+        "--log",
+        str(trial.log),
+        "--",
+        "echo",
+        "héllo wörld",
+    ]
     done = subprocess.run(argv, capture_output=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "héllo wörld\n".encode()
@@ -93,7 +106,10 @@ def test_no_network_is_touched(trial: TrialFiles, tmp_path: Path) -> None:
 def test_the_hook_would_catch_a_download(tmp_path: Path) -> None:
     # Proof that the test above can fail: tiktoken's own loader, with no cache, reaches for the network.
     env = {"PATH": "/usr/bin:/bin", "TIKTOKEN_CACHE_DIR": str(tmp_path), "HOME": str(tmp_path)}
-    code = NO_NETWORK.replace("from trialtool.cli import main\nsys.exit(main(sys.argv[1:]))", "import tiktoken; tiktoken.get_encoding('o200k_base')")
+    code = NO_NETWORK.replace(
+        "from trialtool.cli import main\nsys.exit(main(sys.argv[1:]))",
+        "import tiktoken; tiktoken.get_encoding('o200k_base')",
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=60)
     assert done.returncode == 99 and b"NETWORK USED" in done.stderr
 

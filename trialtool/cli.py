@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from .errors import TrialToolError, UsageError
 from .ledger import DEFAULT_LOCK_TIMEOUT
@@ -64,16 +65,24 @@ def _parser(command: str) -> _Parser:
         limits = parser.add_argument_group("limits (pinned when the trial is created)")
         for name, text in _LIMIT_HELP.items():
             limits.add_argument(
-                "--" + name.replace("_", "-"), dest=name, type=_number, default=None, metavar="N",
+                "--" + name.replace("_", "-"),
+                dest=name,
+                type=_number,
+                default=None,
+                metavar="N",
                 help=text % {"default": getattr(defaults, name)},
             )
         limits.add_argument(
-            "--clip", choices=CLIP_MODES, default=None,
+            "--clip",
+            choices=CLIP_MODES,
+            default=None,
             help=f"how to cut output over the allowance (default {defaults.clip})",
         )
     if command == "run":
         parser.add_argument(
-            "--o200k-file", default=None, help="the o200k_base.tiktoken rank file to use (else TRIALTOOL_O200K_FILE, the bundled copy, tiktoken's cache)"
+            "--o200k-file",
+            default=None,
+            help="the o200k_base.tiktoken rank file (else TRIALTOOL_O200K_FILE, the bundled copy, tiktoken's cache)",
         )
     return parser
 
@@ -104,7 +113,9 @@ def _run(argv: list[str]) -> int:
     if command == "run":
         if not tool_argv:
             raise UsageError("no command after `--`")
-        trial = Trial(args.state, args.log, limits=_overrides(args), lock_timeout=args.lock_timeout, rank_file=args.o200k_file)
+        trial = Trial(
+            args.state, args.log, limits=_overrides(args), lock_timeout=args.lock_timeout, rank_file=args.o200k_file
+        )
         result = trial.run(tool_argv)
         # Written as UTF-8 bytes: exactly the text that was counted, whatever the locale.
         sys.stdout.buffer.write(result.stdout.encode("utf-8"))

@@ -17,7 +17,8 @@ the recount fits; candidates are bounded by the allowance, not by the output.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 
 class Encoder(Protocol):
@@ -97,12 +98,7 @@ def _clip_headtail(encoder: Encoder, stream: _Stream, budget: int, suffix: str) 
     head = (budget - fixed + 1) // 2
     tail = (budget - fixed) // 2
     while True:
-        text = (
-            stream.head(encoder, head)
-            + notice(total - head - tail, total)
-            + stream.tail(encoder, tail)
-            + suffix
-        )
+        text = stream.head(encoder, head) + notice(total - head - tail, total) + stream.tail(encoder, tail) + suffix
         used = _count(encoder, text)
         if used <= budget:
             return text, used
@@ -116,9 +112,7 @@ def _clip_headtail(encoder: Encoder, stream: _Stream, budget: int, suffix: str) 
         tail = max(0, tail - from_tail)
 
 
-def _deliver_one(
-    encoder: Encoder, stream: _Stream, budget: int, mode: str, suffix: str
-) -> StreamDelivery:
+def _deliver_one(encoder: Encoder, stream: _Stream, budget: int, mode: str, suffix: str) -> StreamDelivery:
     observed = len(stream.tokens)
     whole = stream.text + suffix
     whole_tokens = observed if not suffix else _count(encoder, whole)

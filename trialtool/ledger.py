@@ -94,7 +94,7 @@ def _validate(data: Any, path: Path) -> dict[str, Any]:
         raise bad(f"limits: {exc}") from exc
     if not isinstance(data.get("in_flight"), dict) or not isinstance(data.get("clock"), dict):
         raise bad("in_flight or clock is missing")
-    log = data.get("log")
+    log: Any = data.get("log")
     try:
         data["log"] = audit.LogHead(int(log["records"]), int(log["bytes"]), str(log["head"]))
     except (TypeError, KeyError, ValueError) as exc:
@@ -141,7 +141,10 @@ class Ledger:
 
     def _new_state(self, limits: Limits) -> dict[str, Any]:
         if self.log_path.exists() and self.log_path.stat().st_size > 0:
-            msg = f"log {self.log_path} already has records but there is no state {self.state_path}: refusing to start a trial over another trial's log"
+            msg = (
+                f"log {self.log_path} already has records but there is no state {self.state_path}: "
+                "refusing to start a trial over another trial's log"
+            )
             raise StateError(msg)
         for directory in {self.state_path.parent, self.log_path.parent}:
             try:
@@ -313,4 +316,4 @@ class Ledger:
             del state["in_flight"][key]
 
 
-__all__ = ["DEFAULT_LOCK_TIMEOUT", "Ledger", "Reservation", "SCHEMA", "VERSION"]
+__all__ = ["DEFAULT_LOCK_TIMEOUT", "SCHEMA", "VERSION", "Ledger", "Reservation"]

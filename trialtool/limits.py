@@ -51,10 +51,12 @@ _INTEGER_FIELDS = frozenset({"max_calls", "max_tokens", "max_call_tokens", "max_
 FLAG_OF = {name: "--" + name.replace("_", "-") for name in Limits._fields}
 
 
-def _check_number(name: str, value: Any) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        msg = f"{FLAG_OF[name]} must be a number, not {value!r}"
+def _check_number(name: str, raw: Any) -> int | float:
+    value: int | float
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        msg = f"{FLAG_OF[name]} must be a number, not {raw!r}"
         raise UsageError(msg)
+    value = raw
     if isinstance(value, float) and not math.isfinite(value):
         msg = f"{FLAG_OF[name]} must be finite, not {value!r}"
         raise UsageError(msg)

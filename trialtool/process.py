@@ -159,8 +159,10 @@ def _supervise(
                 _signal_group(pgid, signal.SIGKILL)
                 kill_at = float("inf")
             wake = kill_at if kill_at is not None else deadline
-            for key, _ in selector.select(max(0.0, wake - now)):
-                fd = int(key.fd)  # type: ignore[call-overload]
+            # After SIGKILL there is nothing left to time: wait for the exit itself.
+            timeout = None if wake == float("inf") else max(0.0, wake - now)
+            for key, _ in selector.select(timeout):
+                fd = int(key.fd)
                 if fd == watch_fd:
                     exited_at = time.monotonic()
                 elif not _read_once(fd, pipes[fd], selector) and ended is None:

@@ -81,7 +81,8 @@ def locate(rank_file: str | os.PathLike[str] | None = None) -> Path:
     cached = tiktoken_cache_path()
     if cached.is_file():
         return cached
-    msg = f"no o200k_base rank file: the bundled copy {_BUNDLED} is missing and tiktoken's cache {cached} is empty; {_FIX}"
+    msg = f"no o200k_base rank file: the bundled copy {_BUNDLED} is missing and tiktoken's cache {cached} is empty"
+    msg += f"; {_FIX}"
     raise EncoderError(msg)
 
 
@@ -110,7 +111,7 @@ class RankFile:
 
             fields = self._data.split()
             # Each line is "<base64 token> <rank>"; a file that passed the hash check is well formed.
-            ranks = dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2])))
+            ranks = dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2]), strict=True))
             self._encoder = tiktoken.Encoding(
                 name=ENCODING_NAME,
                 pat_str=_PAT_STR,

@@ -152,9 +152,7 @@ class Trial:
         stderr_text = _decode(outcome.stderr, stderr_cut)
         if stdout_text or stderr_text or notice:
             encoder = ranks.encoder()
-            out, err = clipping.deliver(
-                encoder, stdout_text, stderr_text, reservation.allowance, limits.clip, notice
-            )
+            out, err = clipping.deliver(encoder, stdout_text, stderr_text, reservation.allowance, limits.clip, notice)
         else:
             # Nothing printed: nothing to count, and the encoder is never built.
             out = err = clipping.StreamDelivery("", 0, 0, False)

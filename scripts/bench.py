@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Per-call cost of trial-tool against the bare command. Figures, not a test.
+
+    python scripts/bench.py [--runs N] [--trial-tool PATH]
+
+Prints, for each case, the bare command's median wall time, trial-tool's, the
+overhead (their difference) and the ratio, plus what the imports cost. Targets
+(issue 2): a call with no output at most 80 ms over bare; a call with output
+pays for the encoder once and tokenizes once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET_NO_OUTPUT_MS = 80.0
+
+
+def median_seconds(argv: list[str], runs: int, env: dict[str, str] | None = None) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def import_ms(python: str, module: str, runs: int = 7) -> float | None:
+    """Median cumulative import time of `module` in a fresh interpreter, per -X importtime."""
+    values = []
+    for _ in range(runs):
+        done = subprocess.run([python, "-X", "importtime", "-c", f"import {module}"], capture_output=True, text=True)
+        if done.returncode != 0:
+            return None
+        last = done.stderr.strip().splitlines()[-1]
+        values.append(int(last.split("|")[1]) / 1000)
+    return statistics.median(values)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--trial-tool", default=shutil.which("trial-tool") or "trial-tool")
+    args = parser.parse_args()
+    tool = args.trial_tool
+    python = sys.executable
+    work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))
+    big = work / "one-mib.txt"
+    line = "The quick brown fox jumps over the lazy dog 0123456789 日本語 😀\n"
+    big.write_text((line * (1_048_576 // len(line.encode()) + 1)), encoding="utf-8")
+    big.write_bytes(big.read_bytes()[:1_048_576])
+
+    def wrapped(name: str, command: list[str]) -> list[str]:
+        state, log = work / f"{name}.json", work / f"{name}.jsonl"
+        return [tool, "--state", str(state), "--log", str(log), "--max-calls", "1000000", "--", *command]
+
+    cases = [
+        ("true (no output)", ["true"]),
+        ("echo hello", ["echo", "hello"]),
+        ("cat 1 MiB of text", ["cat", str(big)]),
+    ]
+    print(f"trial-tool: {tool}\nruns per case: {args.runs} (median wall time)\n")
+    print(f"{'case':<22}{'bare ms':>10}{'trial-tool ms':>15}{'overhead ms':>13}{'ratio':>9}")
+    results = {}
+    for name, command in cases:
+        runs = args.runs if "MiB" not in name else max(5, args.runs // 3)
+        median_seconds(wrapped(name, command), 2)  # warm the page cache and create the trial
+        bare = median_seconds(command, runs)
+        tooled = median_seconds(wrapped(name, command), runs)
+        results[name] = (bare, tooled)
+        over = (tooled - bare) * 1000
+        print(f"{name:<22}{bare * 1000:>10.1f}{tooled * 1000:>15.1f}{over:>13.1f}{tooled / bare:>9.1f}x")
+    floor = median_seconds([python, "-c", "pass"], args.runs)
+    print(f"\npython -c pass (interpreter start): {floor * 1000:.1f} ms")
+    no_output_over = (results["true (no output)"][1] - results["true (no output)"][0]) * 1000
+    verdict = "meets" if no_output_over <= TARGET_NO_OUTPUT_MS else "MISSES"
+    print(f"no-output overhead {no_output_over:.1f} ms {verdict} the {TARGET_NO_OUTPUT_MS:.0f} ms target")
+    print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")
+    for module in ("trialtool.cli", "tiktoken", "psutil", "filelock"):
+        cost = import_ms(python, module)
+        print(f"  {module:<16}{'not installed' if cost is None else f'{cost:.1f} ms'}")
+    encoder = subprocess.run(
+        [
+            python,
+            "-c",
+            "import time; from trialtool import tokens; r = tokens.RankFile(tokens.locate());"
+            "t = time.perf_counter(); r.encoder(); print((time.perf_counter() - t) * 1000)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    print(f"  encoder build (once per process with output): {float(encoder.stdout):.0f} ms")
+    shutil.rmtree(work)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRIALTOOL_O200K_FILE", None)
+    sys.exit(main())

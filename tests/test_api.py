@@ -1,0 +1,57 @@
+"""The public API: what the package exports, and that importing it does nothing heavy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import trialtool
+from trialtool import errors
+
+
+EXPECTED = {
+    "EXIT_INTERNAL",
+    "EXIT_NOT_EXECUTABLE",
+    "EXIT_NOT_FOUND",
+    "EXIT_REFUSED",
+    "EXIT_TIMEOUT",
+    "BudgetExhausted",
+    "CallResult",
+    "EncoderError",
+    "LimitMismatch",
+    "Limits",
+    "LockTimeout",
+    "StateError",
+    "StorageError",
+    "Trial",
+    "TrialExists",
+    "TrialToolError",
+    "UsageError",
+    "__version__",
+}
+
+
+def test_exported_members() -> None:
+    assert set(trialtool.__all__) == EXPECTED
+    assert len(trialtool.__all__) == len(EXPECTED)
+    for name in trialtool.__all__:
+        assert getattr(trialtool, name) is not None
+
+
+def test_every_error_is_a_trialtool_error_with_an_exit_code() -> None:
+    import pickle
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        if isinstance(cls, type):
+            assert issubclass(cls, errors.TrialToolError)
+            assert cls.exit_code in (errors.EXIT_INTERNAL, errors.EXIT_REFUSED)
+    refused = errors.BudgetExhausted("spent", "maximum_tool_calls")
+    again = pickle.loads(pickle.dumps(refused))
+    assert (again.message, again.status, again.exit_code) == ("spent", "maximum_tool_calls", 123)
+
+
+def test_import_has_no_heavy_side_effects() -> None:
+    code = "import sys, trialtool; print(sorted(m for m in ('tiktoken', 'psutil', 'filelock') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]"
