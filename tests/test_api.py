@@ -8,7 +8,6 @@ import sys
 import trialtool
 from trialtool import errors
 
-
 EXPECTED = {
     "EXIT_INTERNAL",
     "EXIT_NOT_EXECUTABLE",
