@@ -29,7 +29,13 @@ def _open_unlinked(directory: Path) -> int:
 
 
 class Spool:
-    """The first `cap` bytes of a stream, spooled to an unlinked file."""
+    """The first `cap` bytes of a stream, spooled to an unlinked file.
+
+    The supervisor (a fork sharing the descriptor) feeds it; trial-tool reads it
+    back with `read`, told the total by the supervisor.
+    """
+
+    EMPTY_SHA256 = hashlib.sha256().hexdigest()
 
     def __init__(self, directory: Path, cap: int) -> None:
         self.cap = cap
@@ -70,10 +76,11 @@ class Spool:
         """SHA-256 of the kept bytes."""
         return self._hash.hexdigest()
 
-    def read(self) -> bytes:
-        """The kept bytes."""
+    def read(self, total: int | None = None) -> bytes:
+        """The kept bytes; `total` is the stream's byte count when another process fed the spool."""
+        kept = self.kept if total is None else min(total, self.cap)
         try:
-            return os.pread(self._fd, self.kept, 0) if self.kept else b""
+            return os.pread(self._fd, kept, 0) if kept else b""
         except OSError as exc:
             msg = f"cannot read the output spool: {exc.strerror or exc}"
             raise StorageError(msg) from exc

@@ -16,7 +16,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from . import environment
 from .errors import TrialToolError, UsageError
+from .interrupts import InterruptWatch
 from .ledger import DEFAULT_LOCK_TIMEOUT
 from .limits import CLIP_MODES, Limits
 
@@ -30,6 +32,11 @@ _LIMIT_HELP = {
     "call_timeout": "seconds one command may run (default %(default)s)",
     "max_capture_bytes": "bytes kept per stream; past it the command is stopped (default %(default)s)",
     "kill_grace": "seconds between SIGTERM and SIGKILL when stopping a command (default %(default)s)",
+    "max_memory": "bytes of memory for the command's tree; 0: none (default %(default)s)",
+    "max_cpu_seconds": "CPU seconds per process; 0: none (default %(default)s)",
+    "max_file_size": "bytes of any file the command writes; 0: none (default %(default)s)",
+    "max_open_files": "open files per process; 0: inherit (default %(default)s)",
+    "max_procs": "processes in the command's tree at once; 0: none (default %(default)s)",
 }
 
 
@@ -79,6 +86,13 @@ def _parser(command: str) -> _Parser:
             help=f"how to cut output over the allowance (default {defaults.clip})",
         )
     if command == "run":
+        call = parser.add_argument_group("this call's command (not pinned)")
+        call.add_argument("--cwd", default=None, help="directory to run the command in")
+        call.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="set a variable")
+        call.add_argument("--unset-env", action="append", default=[], metavar="NAME", help="remove a variable")
+        call.add_argument(
+            "--clean-env", action="store_true", help="start from PATH, HOME, LANG, TERM and a few more only"
+        )
         parser.add_argument(
             "--o200k-file",
             default=None,
@@ -116,7 +130,16 @@ def _run(argv: list[str]) -> int:
         trial = Trial(
             args.state, args.log, limits=_overrides(args), lock_timeout=args.lock_timeout, rank_file=args.o200k_file
         )
-        result = trial.run(tool_argv)
+        env = dict(environment.parse_assignment(item) for item in args.env)
+        with InterruptWatch() as interrupt:
+            result = trial.run(
+                tool_argv,
+                cwd=args.cwd,
+                env=env,
+                unset_env=tuple(args.unset_env),
+                clean_env=args.clean_env,
+                interrupt=interrupt,
+            )
         # Written as UTF-8 bytes: exactly the text that was counted, whatever the locale.
         sys.stdout.buffer.write(result.stdout.encode("utf-8"))
         sys.stdout.flush()

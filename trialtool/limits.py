@@ -33,6 +33,16 @@ class Limits(NamedTuple):
     kill_grace: float = 1.0
     #: How output over the allowance is cut: head and tail around a notice, or head only.
     clip: str = "headtail"
+    #: Bytes of memory for the command's tree (memory cgroup), else per process (RLIMIT_AS); 0: none.
+    max_memory: int = 0
+    #: CPU seconds per process (RLIMIT_CPU: SIGXCPU, then SIGKILL a second later); 0: none.
+    max_cpu_seconds: float = 0.0
+    #: Bytes of any one file the command writes (RLIMIT_FSIZE: SIGXFSZ); 0: none.
+    max_file_size: int = 0
+    #: Open file descriptors per process (RLIMIT_NOFILE); 0: inherit.
+    max_open_files: int = 0
+    #: Processes in the command's tree at once (pids cgroup, else the supervisor's sweep); 0: none.
+    max_procs: int = 1024
 
 
 #: Upper bounds that catch typos (an extra three zeros) rather than restrict real trials.
@@ -44,8 +54,32 @@ _BOUNDS: dict[str, tuple[float, float]] = {
     "call_timeout": (0.001, 30 * 86_400),
     "max_capture_bytes": (1, 1 << 30),
     "kill_grace": (0.0, 600.0),
+    "max_memory": (0, 1 << 40),
+    "max_cpu_seconds": (0.0, 30 * 86_400),
+    "max_file_size": (0, 1 << 40),
+    "max_open_files": (0, 1 << 20),
+    "max_procs": (0, 1 << 22),
 }
-_INTEGER_FIELDS = frozenset({"max_calls", "max_tokens", "max_call_tokens", "max_capture_bytes"})
+_INTEGER_FIELDS = frozenset(
+    {
+        "max_calls",
+        "max_tokens",
+        "max_call_tokens",
+        "max_capture_bytes",
+        "max_memory",
+        "max_file_size",
+        "max_open_files",
+        "max_procs",
+    }
+)
+#: Limits where 0 means "none", and the smallest value that still lets a command start.
+_ZERO_IS_OFF = {
+    "max_memory": 1 << 20,
+    "max_file_size": 1,
+    "max_open_files": 8,
+    "max_cpu_seconds": 0.001,
+    "max_procs": 1,
+}
 
 #: The CLI flag of each field, for messages that name what the user typed.
 FLAG_OF = {name: "--" + name.replace("_", "-") for name in Limits._fields}
@@ -69,6 +103,8 @@ def _check_number(name: str, raw: Any) -> int | float:
     else:
         value = float(value)
     low, high = _BOUNDS[name]
+    if name in _ZERO_IS_OFF and value != 0:
+        low = _ZERO_IS_OFF[name]
     if not low <= value <= high:
         msg = f"{FLAG_OF[name]} must be between {low:g} and {high:g}, not {value:g}"
         raise UsageError(msg)
@@ -83,7 +119,8 @@ def validate(limits: Limits) -> Limits:
     if limits.clip not in CLIP_MODES:
         msg = f"--clip must be one of {', '.join(CLIP_MODES)}, not {limits.clip!r}"
         raise UsageError(msg)
-    return Limits(**fields, clip=limits.clip)
+    fields["clip"] = limits.clip
+    return Limits(**fields)
 
 
 def from_overrides(overrides: dict[str, Any]) -> Limits:

@@ -1,32 +1,36 @@
-"""Run one command in its own session, capture its streams within their caps, stop it on time.
+"""Run one command under its own supervisor and collect what happened.
 
-The wait is event driven, with no polling interval: one `select` over the two
-output pipes and a descriptor that becomes readable when the command exits (a
-pidfd on Linux ≥ 5.3; elsewhere a waiter thread's pipe), with the deadline as
-its timeout. So the command is signalled at its deadline to within scheduling
-noise, and the call returns as soon as the command exits, even while a
-background child still holds its stdout open.
-
-Stopping: SIGCONT then SIGTERM to the process group (a stopped process cannot
-act on SIGTERM), `kill_grace` seconds, then SIGKILL. After the command ends,
-for whatever reason, what is left of its process group gets SIGKILL.
+trial-tool forks a supervisor per call (supervisor.py) and waits, in one
+`select` with no polling interval, for three things: the supervisor's result
+line, the supervisor's exit (a pidfd on Linux), and an interrupt descriptor
+(the write end of a signal wakeup pipe, from interrupts.py). An interrupt is
+passed on as a stop request; the supervisor then stops the tree and reports as
+usual, so an interrupted call is still recorded.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
+import json
 import os
 import selectors
 import signal
-import subprocess
-import time
+import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from . import supervisor
 from .capture import Spool
+from .errors import StorageError, TrialToolError
 
-_READ_SIZE = 65536
+
+class Resources(NamedTuple):
+    """Per-call resource limits; 0 means none."""
+
+    max_memory: int = 0
+    max_cpu_seconds: float = 0.0
+    max_file_size: int = 0
+    max_open_files: int = 0
+    max_procs: int = 0
 
 
 class Outcome(NamedTuple):
@@ -39,7 +43,7 @@ class Outcome(NamedTuple):
     stderr_bytes: int
     stdout_sha256: str
     stderr_sha256: str
-    #: How the command ended: exited, deadline, output_limit, not_found, not_executable.
+    #: exited, deadline, output_limit, interrupted, process_limit, not_found, not_executable.
     ended: str
     #: The command's exit status when it exited by itself.
     exit_code: int | None
@@ -49,43 +53,31 @@ class Outcome(NamedTuple):
     elapsed: float
     #: Why the command could not start (not_found, not_executable).
     error: str | None = None
+    #: The last signal trial-tool sent the tree to stop it (SIGTERM, SIGKILL), if any.
+    stop_signal: int | None = None
+    #: Processes still alive after the command ended, and killed then.
+    killed: int = 0
+    #: Processes that could not be killed (should be empty).
+    survivors: tuple[int, ...] = ()
+    cpu_user: float = 0.0
+    cpu_system: float = 0.0
+    peak_rss: int = 0
+    peak_rss_scope: str = "largest_process"
+    oom_kills: int = 0
+    process_cap_hit: bool = False
+    #: Which mechanism enforced what (cgroup2, cgroup1, sweep, rlimit_as, subreaper).
+    containment: dict[str, Any] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
 
 
-def _exit_watch(process: subprocess.Popen[bytes]) -> tuple[int, object]:
-    """A descriptor that becomes readable when `process` exits, and what keeps it alive."""
+def _exit_watch(pid: int) -> tuple[int, bool]:
+    """A descriptor readable when `pid` exits; True if it is a pidfd (else the supervisor must be waited)."""
     pidfd_open = getattr(os, "pidfd_open", None)
     if pidfd_open is not None:
         try:
-            fd: int = pidfd_open(process.pid)
-            return fd, None
+            return int(pidfd_open(pid)), True
         except OSError:
-            pass  # kernel older than 5.3, or seccomp: use the thread below
-    import threading
-
-    read_end, write_end = os.pipe()
-
-    def wait() -> None:
-        process.wait()
-        os.close(write_end)
-
-    thread = threading.Thread(target=wait, name=f"trialtool-wait-{process.pid}", daemon=True)
-    thread.start()
-    return read_end, thread
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # the group is already empty
-    except PermissionError:
-        pass  # a member changed credentials (setuid): nothing we can do from here
-
-
-def _not_started(ended: str, exc: OSError, started: float) -> Outcome:
-    empty = hashlib.sha256().hexdigest()
-    elapsed = time.monotonic() - started
-    return Outcome(b"", b"", 0, 0, empty, empty, ended, None, None, elapsed, exc.strerror or str(exc))
+            pass  # kernel older than 5.3: the result pipe's EOF tells us instead
+    return -1, False
 
 
 def run(
@@ -97,138 +89,141 @@ def run(
     spool_dir: Path,
     cwd: str | None = None,
     env: dict[str, str] | None = None,
+    resources: Resources | None = None,
+    interrupt_fd: int | None = None,
 ) -> Outcome:
-    """Run `argv` until it exits, reaches `deadline` (monotonic) or overflows `capture_cap`."""
-    spools = {1: Spool(spool_dir, capture_cap), 2: Spool(spool_dir, capture_cap)}
-    started = time.monotonic()
+    """Run `argv` until it exits, reaches `deadline` (monotonic), overflows `capture_cap`, or is interrupted."""
+    spools = (Spool(spool_dir, capture_cap), Spool(spool_dir, capture_cap))
     try:
-        try:
-            process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                close_fds=True,
-                cwd=cwd,
-                env=env,
-            )
-        except FileNotFoundError as exc:
-            return _not_started("not_found", exc, started)
-        except PermissionError as exc:
-            return _not_started("not_executable", exc, started)
-        except OSError as exc:
-            if exc.errno in (errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR, errno.EACCES):
-                return _not_started("not_executable", exc, started)
-            raise
-        return _supervise(process, spools, deadline, kill_grace, started)
+        spec = supervisor.Spec(
+            argv=argv,
+            cwd=cwd,
+            env=env,
+            deadline=deadline,
+            capture_cap=capture_cap,
+            kill_grace=kill_grace,
+            parent_pid=os.getpid(),
+            **(resources or Resources())._asdict(),
+        )
+        result = _fork_and_wait(spec, spools, interrupt_fd)
+        if "fatal" in result:
+            msg = f"the call's supervisor failed: {result['fatal']}"
+            raise TrialToolError(msg)
+        return _outcome(result, spools)
     finally:
-        for spool in spools.values():
+        for spool in spools:
             spool.close()
 
 
-def _supervise(
-    process: subprocess.Popen[bytes],
-    spools: dict[int, Spool],
-    deadline: float,
-    kill_grace: float,
-    started: float,
-) -> Outcome:
-    assert process.stdout is not None and process.stderr is not None
-    pgid = process.pid  # start_new_session: the command leads its own group
-    pipes = {process.stdout.fileno(): spools[1], process.stderr.fileno(): spools[2]}
-    watch_fd, _waiter = _exit_watch(process)
+def _fork_and_wait(spec: supervisor.Spec, spools: tuple[Spool, Spool], interrupt_fd: int | None) -> dict[str, Any]:
+    result_r, result_w = os.pipe()
+    control_r, control_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the supervisor
+        os.close(result_r)
+        os.close(control_w)
+        supervisor.run(spec, spools, result_w, control_r)
+    os.close(result_w)
+    os.close(control_r)
+    watch_fd, is_pidfd = _exit_watch(pid)
     selector = selectors.DefaultSelector()
+    data = bytearray()
+    asked_to_stop = False
     try:
-        for fd in pipes:
-            os.set_blocking(fd, False)
-            selector.register(fd, selectors.EVENT_READ)
-        selector.register(watch_fd, selectors.EVENT_READ)
-        ended: str | None = None
-        kill_at: float | None = None
-        exited_at: float | None = None
-        while exited_at is None:
-            now = time.monotonic()
-            if ended is None and now >= deadline:
-                ended = "deadline"
-            if ended is not None and kill_at is None:
-                _signal_group(pgid, signal.SIGCONT)
-                _signal_group(pgid, signal.SIGTERM)
-                kill_at = now + kill_grace
-            if kill_at is not None and now >= kill_at:
-                _signal_group(pgid, signal.SIGKILL)
-                kill_at = float("inf")
-            wake = kill_at if kill_at is not None else deadline
-            # After SIGKILL there is nothing left to time: wait for the exit itself.
-            timeout = None if wake == float("inf") else max(0.0, wake - now)
-            for key, _ in selector.select(timeout):
+        selector.register(result_r, selectors.EVENT_READ)
+        if watch_fd >= 0:
+            selector.register(watch_fd, selectors.EVENT_READ)
+        if interrupt_fd is not None:
+            selector.register(interrupt_fd, selectors.EVENT_READ)
+        exited = False
+        result_done = False
+        while not (result_done and (exited or not is_pidfd)):
+            for key, _ in selector.select():
                 fd = int(key.fd)
-                if fd == watch_fd:
-                    exited_at = time.monotonic()
-                elif not _read_once(fd, pipes[fd], selector) and ended is None:
-                    ended = "output_limit"
-        # Prompt return: end what is left of the group, then take what its
-        # members had already written (a pipe keeps its data after its writers die).
-        _signal_group(pgid, signal.SIGKILL)
-        for fd, spool in pipes.items():
-            if fd in selector.get_map():
-                _drain(fd, spool, selector)
-        returncode = process.wait()
+                if fd == result_r:
+                    chunk = os.read(result_r, 65536)
+                    if chunk:
+                        data += chunk
+                    else:
+                        result_done = True
+                        selector.unregister(result_r)
+                elif fd == watch_fd:
+                    exited = True
+                    selector.unregister(watch_fd)
+                elif fd == interrupt_fd:
+                    _drain(fd)
+                    if not asked_to_stop:
+                        os.write(control_w, b"s")
+                        asked_to_stop = True
+        os.waitpid(pid, 0)
     except BaseException:
-        # Whatever went wrong here, the command must not outlive the call.
-        _signal_group(pgid, signal.SIGKILL)
-        process.wait()
+        # Whatever went wrong here, the supervisor stops the tree; wait for it so
+        # nothing outlives the call, then let the error go on.
+        try:
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
         raise
     finally:
         selector.close()
-        os.close(watch_fd)
-        process.stdout.close()
-        process.stderr.close()
-    out, err = spools[1], spools[2]
+        for fd in (result_r, control_w, watch_fd):
+            if fd >= 0:
+                os.close(fd)
+    try:
+        parsed: dict[str, Any] = json.loads(bytes(data))
+    except ValueError as exc:
+        msg = "the call's supervisor died without reporting (killed from outside?)"
+        raise TrialToolError(msg) from exc
+    return parsed
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 64):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _outcome(result: dict[str, Any], spools: tuple[Spool, Spool]) -> Outcome:
+    containment = result.get("containment", {})
+    if result["ended"] in ("not_found", "not_executable"):
+        empty = Spool.EMPTY_SHA256
+        return Outcome(
+            b"", b"", 0, 0, empty, empty, result["ended"], None, None, 0.0, result["error"], containment=containment
+        )
+    (out_total, out_sha), (err_total, err_sha) = result["streams"]
+    returncode = int(result["returncode"])
+    try:
+        stdout, stderr = spools[0].read(out_total), spools[1].read(err_total)
+    except OSError as exc:
+        msg = f"cannot read the output spool: {exc}"
+        raise StorageError(msg) from exc
     return Outcome(
-        stdout=out.read(),
-        stderr=err.read(),
-        stdout_bytes=out.total,
-        stderr_bytes=err.total,
-        stdout_sha256=out.sha256(),
-        stderr_sha256=err.sha256(),
-        ended=ended or "exited",
+        stdout=stdout,
+        stderr=stderr,
+        stdout_bytes=out_total,
+        stderr_bytes=err_total,
+        stdout_sha256=out_sha,
+        stderr_sha256=err_sha,
+        ended=result["ended"],
         exit_code=returncode if returncode >= 0 else None,
         signal=-returncode if returncode < 0 else None,
-        elapsed=exited_at - started,
+        elapsed=float(result["elapsed"]),
+        stop_signal=result["stop_signal"],
+        killed=int(result["killed"]),
+        survivors=tuple(result["survivors"]),
+        cpu_user=float(result["cpu_user"]),
+        cpu_system=float(result["cpu_system"]),
+        peak_rss=int(result["peak_rss"]),
+        peak_rss_scope=result["peak_rss_scope"],
+        oom_kills=int(result["oom_kills"]),
+        process_cap_hit=bool(result["process_cap_hit"]),
+        containment=containment,
     )
 
 
-def _read_once(fd: int, spool: Spool, selector: selectors.BaseSelector) -> bool:
-    """Move one read's worth of `fd` into `spool`; False once the spool is over its cap.
-
-    One read per wake-up, so a writer faster than us cannot keep us from the deadline.
-    """
-    try:
-        data = os.read(fd, _READ_SIZE)
-    except BlockingIOError:
-        return not spool.full
-    if data:
-        spool.feed(data)
-    else:
-        selector.unregister(fd)
-    return not spool.full
-
-
-def _drain(fd: int, spool: Spool, selector: selectors.BaseSelector) -> None:
-    """Read what `fd` holds until it is empty or closed, or the spool is over its cap.
-
-    Bounded even if an escaped process keeps writing: it stops at the cap.
-    """
-    while fd in selector.get_map() and not spool.full:
-        try:
-            data = os.read(fd, _READ_SIZE)
-        except BlockingIOError:
-            return
-        if data:
-            spool.feed(data)
-        else:
-            selector.unregister(fd)
-
-
-__all__ = ["Outcome", "run"]
+__all__ = ["Outcome", "Resources", "run"]

@@ -6,17 +6,20 @@ import base64
 import codecs
 import hashlib
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import clipping, clock, process, records, tokens
+from . import clipping, clock, environment, process, records, tokens
 from .errors import (
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
     EXIT_TIMEOUT,
     TrialToolError,
+    UsageError,
 )
+from .interrupts import InterruptWatch
 from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .limits import FLAG_OF, Limits
 
@@ -90,12 +93,27 @@ class Trial:
             self._ranks = tokens.RankFile(tokens.locate(self._rank_file))
         return self._ranks
 
-    def run(self, argv: list[str]) -> CallResult:
-        """Run one budgeted call; BudgetExhausted (logged) if a budget is spent."""
-        if not argv:
-            from .errors import UsageError
+    def run(
+        self,
+        argv: list[str],
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+        unset_env: tuple[str, ...] = (),
+        clean_env: bool = False,
+        interrupt: InterruptWatch | None = None,
+    ) -> CallResult:
+        """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
+        `env` adds or replaces variables, `unset_env` removes them, `clean_env`
+        starts from a minimal set; TRIALTOOL_* variables never reach the command.
+        """
+        if not argv:
             raise UsageError("no command given")
+        if cwd is not None and not os.path.isdir(cwd):
+            msg = f"--cwd {os.fspath(cwd)} is not a directory"
+            raise UsageError(msg)
+        command_env = environment.build(clean=clean_env, set_vars=env, unset=unset_env)
         ranks = self._rank_file_checked()
         reservation = self.ledger.reserve(self.overrides, argv)
         limits = reservation.limits
@@ -108,11 +126,22 @@ class Trial:
                 capture_cap=limits.max_capture_bytes,
                 kill_grace=limits.kill_grace,
                 spool_dir=self.ledger.state_path.parent,
+                cwd=None if cwd is None else os.fspath(cwd),
+                env=command_env,
+                resources=process.Resources(
+                    max_memory=limits.max_memory,
+                    max_cpu_seconds=limits.max_cpu_seconds,
+                    max_file_size=limits.max_file_size,
+                    max_open_files=limits.max_open_files,
+                    max_procs=limits.max_procs,
+                ),
+                interrupt_fd=None if interrupt is None else interrupt.fd,
             )
         except TrialToolError as exc:
             self._commit_failure(reservation, argv, started_wall, exc)
             raise
-        return self._finish(reservation, argv, outcome, ranks, started_wall)
+        signum = None if interrupt is None else interrupt.signum
+        return self._finish(reservation, argv, outcome, ranks, started_wall, signum)
 
     def _commit_failure(
         self, reservation: Reservation, argv: list[str], started_wall: float, exc: TrialToolError
@@ -143,11 +172,12 @@ class Trial:
         outcome: process.Outcome,
         ranks: tokens.RankFile,
         started_wall: float,
+        signum: int | None,
     ) -> CallResult:
         limits = reservation.limits
         stdout_cut = outcome.stdout_bytes > limits.max_capture_bytes
         stderr_cut = outcome.stderr_bytes > limits.max_capture_bytes
-        status, exit_code, notice = _judge(outcome, reservation, argv, stdout_cut, stderr_cut)
+        status, exit_code, notice = _judge(outcome, reservation, argv, stdout_cut, stderr_cut, signum)
         stdout_text = _decode(outcome.stdout, stdout_cut)
         stderr_text = _decode(outcome.stderr, stderr_cut)
         if stdout_text or stderr_text or notice:
@@ -201,6 +231,14 @@ class Trial:
             command_signal=outcome.signal,
             return_code=exit_code,
             error=outcome.error,
+            stop_signal=outcome.stop_signal,
+            processes_killed=outcome.killed,
+            processes_surviving=list(outcome.survivors),
+            peak_rss_bytes=outcome.peak_rss,
+            peak_rss_scope=outcome.peak_rss_scope,
+            cpu_user_seconds=outcome.cpu_user,
+            cpu_system_seconds=outcome.cpu_system,
+            containment=outcome.containment,
         )
         self.ledger.commit(reservation, record)
         return CallResult(
@@ -217,26 +255,60 @@ class Trial:
 
 
 def _judge(
-    outcome: process.Outcome, reservation: Reservation, argv: list[str], stdout_cut: bool, stderr_cut: bool
+    outcome: process.Outcome,
+    reservation: Reservation,
+    argv: list[str],
+    stdout_cut: bool,
+    stderr_cut: bool,
+    signum: int | None,
 ) -> tuple[str, int, str]:
-    """The call's status, the exit code to report, and trial-tool's notice for the agent (or "")."""
+    """The call's status, the exit code to report, and trial-tool's notice for the agent (or "").
+
+    124 means trial-tool stopped the command (deadline, output cap, process-cap
+    sweep); a command the kernel stopped at a limit keeps its own code (128 + signal).
+    """
     limits: Limits = reservation.limits
-    if outcome.ended == "not_found":
+    ended = outcome.ended
+    if ended == "not_found":
         return "command_error", EXIT_NOT_FOUND, f"trial-tool: {argv[0]}: command not found\n"
-    if outcome.ended == "not_executable":
+    if ended == "not_executable":
         return "command_error", EXIT_NOT_EXECUTABLE, f"trial-tool: {argv[0]}: cannot execute: {outcome.error}\n"
-    if outcome.ended == "deadline":
+    if ended == "interrupted":
+        sig = signum or signal.SIGINT
+        name = signal.Signals(sig).name
+        return "interrupted", 128 + sig, f"\n[trial-tool: stopped: trial-tool received {name}]\n"
+    if ended == "deadline":
         flag = FLAG_OF["call_timeout" if reservation.deadline_kind == "call" else "trial_timeout"]
         what = f"stopped at the {reservation.run_seconds:.3g} s {reservation.deadline_kind} deadline ({flag})"
         return "timeout", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
-    if outcome.ended == "output_limit":
+    if ended == "output_limit":
         stream = "stdout" if stdout_cut else "stderr"
         what = f"stopped: {stream} passed {limits.max_capture_bytes} bytes ({FLAG_OF['max_capture_bytes']})"
         return "output_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
-    if outcome.signal is not None:
-        code = 128 + outcome.signal
-    else:
-        code = outcome.exit_code if outcome.exit_code is not None else 1
+    if ended == "process_limit":
+        what = f"stopped: more than {limits.max_procs} processes ({FLAG_OF['max_procs']})"
+        return "process_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
+    code = 128 + outcome.signal if outcome.signal is not None else (outcome.exit_code or 0)
+    cpu_used = outcome.cpu_user + outcome.cpu_system
+
+    def died_of(sig: int) -> bool:
+        # Killed by it, or a shell reporting a child killed by it (128 + N): tool calls are mostly `sh -c`.
+        return code == 128 + sig
+
+    if outcome.oom_kills:
+        what = f"killed: out of memory at {limits.max_memory} bytes ({FLAG_OF['max_memory']})"
+        return "memory_limit", code, f"\n[trial-tool: {what}]\n"
+    if limits.max_cpu_seconds and (
+        died_of(signal.SIGXCPU) or (died_of(signal.SIGKILL) and cpu_used >= limits.max_cpu_seconds)
+    ):
+        what = f"killed: {limits.max_cpu_seconds:g} CPU seconds used ({FLAG_OF['max_cpu_seconds']})"
+        return "cpu_limit", code, f"\n[trial-tool: {what}]\n"
+    if limits.max_file_size and died_of(signal.SIGXFSZ):
+        what = f"killed: a file passed {limits.max_file_size} bytes ({FLAG_OF['max_file_size']})"
+        return "file_size_limit", code, f"\n[trial-tool: {what}]\n"
+    if outcome.process_cap_hit:
+        what = f"the command hit the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
+        return "process_limit", code, f"\n[trial-tool: {what}]\n"
     if stdout_cut or stderr_cut:
         return "output_limit", code, ""
     return ("ok" if code == 0 else "error"), code, ""

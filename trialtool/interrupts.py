@@ -1,0 +1,52 @@
+"""SIGINT, SIGTERM and SIGHUP to trial-tool, turned into a readable descriptor and a remembered signal.
+
+The handlers only record the first signal; the byte the interpreter writes to the
+wakeup pipe wakes the call's `select`, which asks the supervisor to stop the
+tree. The call is then recorded (status `interrupted`, charged) and the CLI exits
+128 + the signal's number, as a shell would. Main thread only, as all Python
+signal handling is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import FrameType, TracebackType
+
+CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class InterruptWatch:
+    """While entered, the first of SIGINT/SIGTERM/SIGHUP is kept in `signum` and wakes `fd`."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.fd = -1
+        self._write_fd = -1
+        self._previous: dict[int, object] = {}
+        self._previous_wakeup = -1
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def __enter__(self) -> InterruptWatch:
+        self.fd, self._write_fd = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._write_fd, False)
+        self._previous_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        for sig in CAUGHT:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        signal.set_wakeup_fd(self._previous_wakeup)
+        os.close(self.fd)
+        os.close(self._write_fd)
+
+
+__all__ = ["CAUGHT", "InterruptWatch"]

@@ -1,0 +1,128 @@
+"""Find, kill and reap every descendant of this process. Meant for the supervisor only.
+
+The supervisor is a child subreaper (prctl PR_SET_CHILD_SUBREAPER), so every
+process its command ever started is either still below a live descendant or
+was reparented to the supervisor itself: nothing can leave the tree but by
+dying. So "kill what is there, reap, look again, until waitpid(-1) says there
+are no children" is complete, even against setsid, double forks, SIGSTOP and
+fork-and-exit chains. It calls waitpid(-1), which is why it must only run in a
+process whose every child belongs to the call.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc/PID/task/*/children (Linux ≥ 3.5)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as handle:
+                found.extend(int(word) for word in handle.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def _has_proc_children() -> bool:
+    return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every descendant of `pid` (default: this process), parents before children."""
+    root = os.getpid() if pid is None else pid
+    if not _has_proc_children():
+        import psutil  # no procfs children files (macOS, old kernels): ask psutil
+
+        try:
+            return [child.pid for child in psutil.Process(root).children(recursive=True)]
+        except psutil.Error:
+            return []
+    seen: list[int] = []
+    frontier = [root]
+    while frontier:
+        children = [child for parent in frontier for child in _children(parent)]
+        seen.extend(children)
+        frontier = children
+    return seen
+
+
+def _reap_all() -> bool:
+    """Reap every child that has exited; True when no children are left at all."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        except OSError as exc:
+            if exc.errno == errno.EINTR:
+                continue
+            raise
+        if pid == 0:
+            return False
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"Z"
+    except (OSError, ValueError):
+        return False
+
+
+def living_descendants() -> set[int]:
+    """Descendants that have not exited yet (zombies are already dead)."""
+    return {pid for pid in descendants() if not _is_zombie(pid)}
+
+
+def kill_all(known: set[int] | None = None, timeout: float = 10.0) -> tuple[int, list[int]]:
+    """SIGKILL and reap every descendant until none is left.
+
+    `known` are processes already found alive (and perhaps already sent SIGKILL
+    by a cgroup or group kill); they count as killed. Returns how many distinct
+    processes were killed, and any still alive at the timeout (none, unless
+    something is unkillable, e.g. stuck in the kernel).
+    """
+    killed: set[int] = set(known or ())
+    deadline = time.monotonic() + timeout
+    pause = 0.0005
+    while True:
+        if _reap_all():
+            return len(killed), []
+        for pid in living_descendants():
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        if _reap_all():
+            return len(killed), []
+        if time.monotonic() >= deadline:
+            return len(killed), descendants()
+        # Children that got SIGKILL are dying; give the kernel a moment before looking again.
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+
+
+def signal_all(sig: int) -> None:
+    """Send `sig` to every descendant (SIGCONT first when it is SIGTERM, so stopped ones can act)."""
+    for pid in descendants():
+        try:
+            if sig == signal.SIGTERM:
+                os.kill(pid, signal.SIGCONT)
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+__all__ = ["descendants", "kill_all", "living_descendants", "signal_all"]
