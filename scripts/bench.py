@@ -12,6 +12,7 @@ pays for the encoder once and tokenizes once.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -43,6 +44,42 @@ def import_ms(python: str, module: str, runs: int = 7) -> float | None:
         last = done.stderr.strip().splitlines()[-1]
         values.append(int(last.split("|")[1]) / 1000)
     return statistics.median(values)
+
+
+def stopping(tool: str, work: Path, python: str, no_output: float, runs: int = 5) -> None:
+    """Issue 3's figures: how far past the deadline a command lives, and how soon a call returns."""
+    print(f"\nstopping (median of {runs} runs; --call-timeout 0.5, --kill-grace 0.2), from the records:")
+    ignorer = f"{python} -c 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'"
+    cases = [
+        ("SIGTERM-respecting sleep", ["sleep", "300"]),
+        ("SIGTERM-ignoring", ["sh", "-c", f"exec {ignorer}"]),
+    ]
+    for name, command in cases:
+        overshoots, gone = [], []
+        for n in range(runs):
+            state, log = work / f"stop-{name}-{n}.json", work / f"stop-{name}-{n}.jsonl"
+            argv = [tool, "--state", str(state), "--log", str(log), "--call-timeout", "0.5", "--kill-grace", "0.2"]
+            subprocess.run([*argv, "--", *command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            record = json.loads(log.read_text().splitlines()[-1])
+            overshoots.append(record["deadline_overshoot_seconds"])
+            gone.append(record["exited_after_deadline_seconds"])
+        print(
+            f"  {name:<26} SIGTERM {statistics.median(overshoots) * 1000:6.2f} ms after the deadline; "
+            f"command gone {statistics.median(gone) * 1000:7.1f} ms after it"
+        )
+    for label, script in (("no output", "sleep 300 & exit 0"), ("prints hi", "sleep 300 & echo hi")):
+        walls = []
+        for n in range(runs):
+            state, log = work / f"bg-{label}-{n}.json", work / f"bg-{label}-{n}.jsonl"
+            started = time.perf_counter()
+            argv = [tool, "--state", str(state), "--log", str(log), "--", "sh", "-c", script]
+            subprocess.run(argv, stdout=subprocess.DEVNULL, check=False)
+            walls.append(time.perf_counter() - started)
+        wall = statistics.median(walls)
+        print(
+            f"  sh -c '{script}'{'':<6} returns in {wall * 1000:6.1f} ms "
+            f"({(wall - no_output) * 1000:+.1f} ms over `true`)"
+        )
 
 
 def main() -> int:
@@ -83,6 +120,11 @@ def main() -> int:
     no_output_over = (results["true (no output)"][1] - results["true (no output)"][0]) * 1000
     verdict = "meets" if no_output_over <= TARGET_NO_OUTPUT_MS else "MISSES"
     print(f"no-output overhead {no_output_over:.1f} ms {verdict} the {TARGET_NO_OUTPUT_MS:.0f} ms target")
+    floor_cmd = [python, "-c", "import subprocess; subprocess.run(['true'])"]
+    floor_spawn = median_seconds(floor_cmd, args.runs)
+    print(f"floor (python starting and spawning `true`): {floor_spawn * 1000:.1f} ms")
+    no_output = results["true (no output)"][1]
+    stopping(tool, work, python, no_output)
     print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")
     for module in ("trialtool.cli", "tiktoken", "psutil", "filelock"):
         cost = import_ms(python, module)

@@ -279,3 +279,14 @@ def test_bad_cwd_and_own_variables_are_refused_before_charging(trial: TrialFiles
     done = trial.call("true", flags=("--env", "NOEQUALS"))
     assert done.returncode == 125
     assert trial.snapshot() == before
+
+
+@pytest.mark.timeout(60)
+def test_deadline_is_kept_without_polling(trial: TrialFiles) -> None:
+    # Figures live in scripts/bench.py; this bound only catches a poll loop gone wrong or a hang.
+    done = trial.call("sleep", "300", flags=("--call-timeout", "0.3"))
+    assert done.returncode == 124
+    record = trial.records()[-1]
+    assert 0 <= record["deadline_overshoot_seconds"] < 1.0
+    assert record["exited_after_deadline_seconds"] < 5.0
+    assert record["stop_signal"] == signal.SIGTERM

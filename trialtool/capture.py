@@ -38,6 +38,7 @@ class Spool:
     EMPTY_SHA256 = hashlib.sha256().hexdigest()
 
     def __init__(self, directory: Path, cap: int) -> None:
+        #: Set before the first `feed` (the supervisor learns it with its orders).
         self.cap = cap
         #: Bytes the command wrote to the stream, kept or not.
         self.total = 0

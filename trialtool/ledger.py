@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -185,7 +186,7 @@ class Ledger:
     def init(self, overrides: dict[str, Any]) -> dict[str, Any]:
         """Create the trial with its limits pinned; TrialExists if it already exists."""
         limits = from_overrides(overrides)
-        self._ensure_parent()
+        self.ensure_directory()
         with self._lock():
             if self.load() is not None:
                 msg = f"a trial already exists at {self.state_path}"
@@ -201,18 +202,31 @@ class Ledger:
         state["elapsed_seconds"] = clock.elapsed(state["clock"], state["started_at"], state["elapsed_seconds"])
         return state
 
-    def _ensure_parent(self) -> None:
+    def ensure_directory(self) -> None:
+        """Create the state's directory (and parents) if missing; StorageError if it cannot be."""
         try:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             msg = f"cannot create directory {self.state_path.parent}: {exc.strerror or exc}"
             raise StorageError(msg) from exc
 
-    def reserve(self, overrides: dict[str, Any], command: list[str]) -> Reservation:
-        """Charge a call and reserve its allowance, or log a refusal and raise BudgetExhausted."""
-        self._ensure_parent()
+    def reserve(
+        self,
+        overrides: dict[str, Any],
+        command: list[str],
+        preflight: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Reservation:
+        """Charge a call and reserve its allowance, or log a refusal and raise BudgetExhausted.
+
+        `preflight(state)` runs under the lock before anything is written; it may
+        note facts in the state (written with the reservation) or raise to stop
+        the call with nothing charged.
+        """
+        self.ensure_directory()
         with self._lock():
             state = self._open(overrides, create=True)
+            if preflight is not None:
+                preflight(state)
             self._recover(state)
             limits: Limits = state["limits"]
             elapsed = clock.elapsed(state["clock"], state["started_at"], state["elapsed_seconds"])

@@ -18,12 +18,12 @@ to trial-tool and exiting.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
 import selectors
 import signal
-import subprocess
 import sys
 import time
 from typing import Any, NamedTuple, NoReturn
@@ -33,6 +33,10 @@ from .capture import Spool
 from .cgroups import CallGroup
 
 _READ_SIZE = 65536
+#: exec errors that mean "found, but cannot be run" (exit 126).
+_NOT_EXECUTABLE = frozenset(
+    {errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG}
+)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 #: How often the fallback process cap counts the tree, where no pids cgroup can be made.
@@ -54,7 +58,6 @@ class Spec(NamedTuple):
     max_file_size: int
     max_open_files: int
     max_procs: int
-    parent_pid: int
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -114,11 +117,33 @@ def _limits_for_exec(spec: Spec, group: CallGroup) -> list[tuple[int, tuple[int,
     return limits
 
 
-def run(spec: Spec, spools: tuple[Spool, Spool], result_fd: int, control_fd: int) -> NoReturn:
-    """The supervisor's whole life; it reports on `result_fd` and exits, never returns."""
+def serve(spools: tuple[Spool, Spool], result_fd: int, control_fd: int, parent_pid: int) -> NoReturn:
+    """The supervisor's whole life; it reports on `result_fd` and exits, never returns.
+
+    Forked before the call is reserved, it gets ready (subreaper, death signal,
+    imports) while trial-tool takes the ledger lock, then waits for its orders:
+    one JSON line on `control_fd` with the Spec, or EOF if the call was refused.
+    Any later byte on `control_fd` asks it to stop the command.
+    """
     code = 1
+    payload = b""
     try:
-        payload = json.dumps(_supervise(spec, spools, control_fd)).encode()
+        subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        signals = _Signals(parent_pid)
+        if os.getppid() != parent_pid:
+            os._exit(1)  # trial-tool died before the death signal was armed; nothing was started
+        # Imported while trial-tool reserves the call, not before the fork: trial-tool
+        # itself never needs it (~5 ms).
+        import subprocess  # noqa: F401
+
+        orders = _read_orders(control_fd, signals)
+        if orders is None:
+            os._exit(0)  # the call was refused or failed before it started
+        spec = Spec(**orders)
+        for spool in spools:
+            spool.cap = spec.capture_cap
+        payload = json.dumps(_supervise(spec, spools, control_fd, signals, subreaper)).encode()
         code = 0
     except BaseException as exc:
         # The one broad except: whatever failed, trial-tool must hear of it, and this
@@ -136,12 +161,34 @@ def run(spec: Spec, spools: tuple[Spool, Spool], result_fd: int, control_fd: int
         os._exit(code)
 
 
-def _supervise(spec: Spec, spools: tuple[Spool, Spool], control_fd: int) -> dict[str, Any]:
-    subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    signals = _Signals(spec.parent_pid)
-    if os.getppid() != spec.parent_pid:
-        os._exit(1)  # trial-tool died before the death signal was armed; nothing was started
+def _read_orders(control_fd: int, signals: _Signals) -> dict[str, Any] | None:
+    """The Spec sent by trial-tool, or None on EOF or if trial-tool died meanwhile."""
+    data = bytearray()
+    with selectors.DefaultSelector() as selector:
+        selector.register(control_fd, selectors.EVENT_READ)
+        selector.register(signals.read_fd, selectors.EVENT_READ)
+        while not data.endswith(b"\n"):
+            for key, _ in selector.select():
+                if key.fd == signals.read_fd:
+                    signals.drain()
+                    if signals.orphaned:
+                        return None
+                    continue
+                chunk = os.read(control_fd, 65536)
+                if not chunk:
+                    return None
+                data += chunk
+    orders: dict[str, Any] = json.loads(bytes(data))
+    return orders
+
+
+def _supervise(
+    spec: Spec,
+    spools: tuple[Spool, Spool],
+    control_fd: int,
+    signals: _Signals,
+    subreaper: bool,
+) -> dict[str, Any]:
     # TRIALTOOL_CGROUPS=off forces the fallbacks (subreaper sweep, rlimits): for tests, and
     # for hosts where touching cgroups is unwelcome.
     use_cgroups = sys.platform.startswith("linux") and os.environ.get("TRIALTOOL_CGROUPS") != "off"
@@ -153,8 +200,15 @@ def _supervise(spec: Spec, spools: tuple[Spool, Spool], control_fd: int) -> dict
 
 
 def _run_command(
-    spec: Spec, spools: tuple[Spool, Spool], control_fd: int, signals: _Signals, group: CallGroup, subreaper: bool
+    spec: Spec,
+    spools: tuple[Spool, Spool],
+    control_fd: int,
+    signals: _Signals,
+    group: CallGroup,
+    subreaper: bool,
 ) -> dict[str, Any]:
+    import subprocess
+
     rlimits = _limits_for_exec(spec, group)
 
     def before_exec() -> None:
@@ -163,7 +217,8 @@ def _run_command(
             resource.setrlimit(which, value)
 
     started = time.monotonic()
-    base: dict[str, Any] = {"containment": {**group.describe(), "subreaper": subreaper}}
+    described = group.describe(spec.max_procs, spec.max_memory)
+    base: dict[str, Any] = {"containment": {**described, "subreaper": subreaper}}
     try:
         process = subprocess.Popen(
             spec.argv,
@@ -176,9 +231,12 @@ def _run_command(
             env=spec.env,
             preexec_fn=before_exec,
         )
-    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, OSError) as exc:
-        found = not isinstance(exc, FileNotFoundError)
-        return {**base, "ended": "not_executable" if found else "not_found", "error": exc.strerror or str(exc)}
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return {**base, "ended": "not_found", "error": exc.strerror}
+        if exc.errno in _NOT_EXECUTABLE:
+            return {**base, "ended": "not_executable", "error": exc.strerror}
+        raise
     assert process.stdout is not None and process.stderr is not None
     pgid = process.pid
     pipes = {process.stdout.fileno(): spools[0], process.stderr.fileno(): spools[1]}
@@ -196,11 +254,14 @@ def _run_command(
     kill_at: float | None = None
     exited_at: float | None = None
     next_sweep = started + _SWEEP_INTERVAL
+    overshoot: float | None = None
 
     def stop(reason: str, grace: float) -> None:
-        nonlocal ended, kill_at, stop_signal
+        nonlocal ended, kill_at, stop_signal, overshoot
         if ended is None:
             ended = reason
+            if reason == "deadline":
+                overshoot = time.monotonic() - spec.deadline
         if kill_at is None:
             _signal_tree(pgid, signal.SIGTERM)
             stop_signal = signal.SIGTERM
@@ -269,6 +330,8 @@ def _run_command(
         "returncode": returncode,
         "elapsed": exited_at - started,
         "stop_signal": stop_signal,
+        "deadline_overshoot": overshoot,
+        "exited_after_deadline": exited_at - spec.deadline if ended == "deadline" else None,
         "killed": killed,
         "survivors": survivors,
         "oom_kills": group.oom_kills(),
@@ -330,4 +393,4 @@ def _drain(fd: int, spool: Spool, selector: selectors.BaseSelector) -> None:
             selector.unregister(fd)
 
 
-__all__ = ["Spec", "run"]
+__all__ = ["Spec", "serve"]

@@ -86,6 +86,21 @@ def locate(rank_file: str | os.PathLike[str] | None = None) -> Path:
     raise EncoderError(msg)
 
 
+def stamp(path: Path) -> list[int]:
+    """What changes whenever the file's bytes do: device, inode, size, mtime and ctime.
+
+    ctime cannot be set back by an unprivileged process, so a file verified once
+    and showing the same stamp later has the same bytes; trial.py keeps the stamp
+    in the state to skip re-hashing 3.6 MB on every call.
+    """
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        msg = f"cannot stat o200k_base rank file {path}: {exc.strerror or exc}; {_FIX}"
+        raise EncoderError(msg) from exc
+    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
 class RankFile:
     """The verified bytes of an o200k_base rank file; `encoder()` builds and memoises the encoder."""
 
@@ -122,4 +137,4 @@ class RankFile:
         return self._encoder
 
 
-__all__ = ["ENCODING_NAME", "EXPECTED_SHA256", "RANK_FILE_ENV", "RankFile", "locate", "tiktoken_cache_path"]
+__all__ = ["ENCODING_NAME", "EXPECTED_SHA256", "RANK_FILE_ENV", "RankFile", "locate", "stamp", "tiktoken_cache_path"]

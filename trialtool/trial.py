@@ -77,6 +77,7 @@ class Trial:
         self.ledger = Ledger(Path(state_path), Path(log_path), lock_timeout=lock_timeout)
         self.overrides = dict(limits or {})
         self._rank_file = rank_file
+        self._rank_path: Path | None = None
         self._ranks: tokens.RankFile | None = None
 
     def init(self) -> dict[str, Any]:
@@ -87,10 +88,23 @@ class Trial:
         """The trial's state now."""
         return self.ledger.status()
 
-    def _rank_file_checked(self) -> tokens.RankFile:
-        # Checked before the call is charged, so missing or wrong data costs nothing.
-        if self._ranks is None:
-            self._ranks = tokens.RankFile(tokens.locate(self._rank_file))
+    def _check_rank_file(self, state: dict[str, Any]) -> None:
+        """Reservation preflight: the rank file is there and has the right hash, or nothing is charged.
+
+        Hashing 3.6 MB costs ~5 ms, so a file verified before is recognised by its
+        stamp (tokens.stamp), kept in the state; a changed file is hashed again.
+        """
+        path = self._rank_path = tokens.locate(self._rank_file)
+        seen = {"path": str(path), "stamp": tokens.stamp(path)}
+        if state.get("rank_file") != seen:
+            if self._ranks is None or self._ranks.path != path:
+                self._ranks = tokens.RankFile(path)
+            state["rank_file"] = seen
+
+    def _encoder_source(self) -> tokens.RankFile:
+        if self._ranks is None or self._ranks.path != self._rank_path:
+            assert self._rank_path is not None
+            self._ranks = tokens.RankFile(self._rank_path)
         return self._ranks
 
     def run(
@@ -114,34 +128,35 @@ class Trial:
             msg = f"--cwd {os.fspath(cwd)} is not a directory"
             raise UsageError(msg)
         command_env = environment.build(clean=clean_env, set_vars=env, unset=unset_env)
-        ranks = self._rank_file_checked()
-        reservation = self.ledger.reserve(self.overrides, argv)
-        limits = reservation.limits
-        started_wall = time.time()
-        deadline = time.monotonic() + reservation.run_seconds
-        try:
-            outcome = process.run(
-                argv,
-                deadline=deadline,
-                capture_cap=limits.max_capture_bytes,
-                kill_grace=limits.kill_grace,
-                spool_dir=self.ledger.state_path.parent,
-                cwd=None if cwd is None else os.fspath(cwd),
-                env=command_env,
-                resources=process.Resources(
-                    max_memory=limits.max_memory,
-                    max_cpu_seconds=limits.max_cpu_seconds,
-                    max_file_size=limits.max_file_size,
-                    max_open_files=limits.max_open_files,
-                    max_procs=limits.max_procs,
-                ),
-                interrupt_fd=None if interrupt is None else interrupt.fd,
-            )
-        except TrialToolError as exc:
-            self._commit_failure(reservation, argv, started_wall, exc)
-            raise
+        self.ledger.ensure_directory()
+        # The supervisor is forked first and gets ready while the call is reserved.
+        with process.Launcher(self.ledger.state_path.parent) as launcher:
+            reservation = self.ledger.reserve(self.overrides, argv, preflight=self._check_rank_file)
+            limits = reservation.limits
+            started_wall = time.time()
+            deadline = time.monotonic() + reservation.run_seconds
+            try:
+                outcome = launcher.run(
+                    argv,
+                    deadline=deadline,
+                    capture_cap=limits.max_capture_bytes,
+                    kill_grace=limits.kill_grace,
+                    cwd=None if cwd is None else os.fspath(cwd),
+                    env=command_env,
+                    resources=process.Resources(
+                        max_memory=limits.max_memory,
+                        max_cpu_seconds=limits.max_cpu_seconds,
+                        max_file_size=limits.max_file_size,
+                        max_open_files=limits.max_open_files,
+                        max_procs=limits.max_procs,
+                    ),
+                    interrupt_fd=None if interrupt is None else interrupt.fd,
+                )
+            except TrialToolError as exc:
+                self._commit_failure(reservation, argv, started_wall, exc)
+                raise
         signum = None if interrupt is None else interrupt.signum
-        return self._finish(reservation, argv, outcome, ranks, started_wall, signum)
+        return self._finish(reservation, argv, outcome, started_wall, signum)
 
     def _commit_failure(
         self, reservation: Reservation, argv: list[str], started_wall: float, exc: TrialToolError
@@ -170,7 +185,6 @@ class Trial:
         reservation: Reservation,
         argv: list[str],
         outcome: process.Outcome,
-        ranks: tokens.RankFile,
         started_wall: float,
         signum: int | None,
     ) -> CallResult:
@@ -181,7 +195,7 @@ class Trial:
         stdout_text = _decode(outcome.stdout, stdout_cut)
         stderr_text = _decode(outcome.stderr, stderr_cut)
         if stdout_text or stderr_text or notice:
-            encoder = ranks.encoder()
+            encoder = self._encoder_source().encoder()
             out, err = clipping.deliver(encoder, stdout_text, stderr_text, reservation.allowance, limits.clip, notice)
         else:
             # Nothing printed: nothing to count, and the encoder is never built.
@@ -232,6 +246,8 @@ class Trial:
             return_code=exit_code,
             error=outcome.error,
             stop_signal=outcome.stop_signal,
+            deadline_overshoot_seconds=outcome.deadline_overshoot,
+            exited_after_deadline_seconds=outcome.exited_after_deadline,
             processes_killed=outcome.killed,
             processes_surviving=list(outcome.survivors),
             peak_rss_bytes=outcome.peak_rss,
