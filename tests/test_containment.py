@@ -236,7 +236,7 @@ def test_resource_use_is_recorded(trial: TrialFiles) -> None:
 
 
 def test_environment_flags(trial: TrialFiles, tmp_path: Path) -> None:
-    env = dict(os.environ, TRIALTOOL_LEDGER_KEY="secret", KEEP_ME="yes", DROP_ME="x")
+    env = dict(os.environ, TRIALTOOL_LEDGER_KEY="a-secret-key-of-32-bytes-0123456", KEEP_ME="yes", DROP_ME="x")
     code = "import json, os; print(json.dumps(dict(os.environ)))"
     flags = ("--env", "ADDED=1", "--unset-env", "DROP_ME", "--cwd", str(tmp_path))
     done = trial.call(PY, "-c", code + "; print(os.getcwd())", flags=flags, env=env)

@@ -217,4 +217,35 @@ class CallGroup:
         }
 
 
-__all__ = ["CallGroup"]
+def kill_leftovers(supervisor_pid: int) -> int:
+    """Kill whatever is left in the leaves of a dead supervisor; return how many were killed.
+
+    For a call whose trial-tool and supervisor were both killed (a SIGKILL to the
+    whole process group): the leaves are named after the supervisor's pid.
+    """
+    import signal
+
+    killed = 0
+    prefix = f"{_PREFIX}{supervisor_pid}-"
+    for mount in _own_cgroups():
+        try:
+            names = [name for name in os.listdir(mount.directory) if name.startswith(prefix)]
+        except OSError:
+            continue
+        for name in names:
+            leaf = mount.directory / name
+            group = CallGroup()
+            group.leaves.append(leaf)
+            members = group.members()
+            killed = max(killed, len(members))
+            if not _write(leaf / "cgroup.kill", "1"):
+                for pid in members:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            group.remove()
+    return killed
+
+
+__all__ = ["CallGroup", "kill_leftovers"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -22,7 +23,11 @@ from .interrupts import InterruptWatch
 from .ledger import DEFAULT_LOCK_TIMEOUT
 from .limits import CLIP_MODES, Limits
 
-SUBCOMMANDS = ("run", "init", "status")
+SUBCOMMANDS = ("run", "init", "status", "verify")
+#: The ledger key, when not given by --key-file. Never passed to the command.
+KEY_ENV = "TRIALTOOL_LEDGER_KEY"
+#: `verify` found a problem.
+EXIT_VERIFY_FAILED = 1
 
 _LIMIT_HELP = {
     "max_calls": "calls the trial may make (default %(default)s)",
@@ -67,6 +72,13 @@ def _parser(command: str) -> _Parser:
         default=DEFAULT_LOCK_TIMEOUT,
         help="seconds to wait for the ledger lock (default %(default)s)",
     )
+    parser.add_argument(
+        "--key-file",
+        default=None,
+        help=f"file holding the ledger key (HMAC-SHA256 chain and state); else ${KEY_ENV}; pinned at creation",
+    )
+    if command == "verify":
+        parser.add_argument("--json", action="store_true", help="print the report as JSON")
     if command in ("run", "init"):
         defaults = Limits()
         limits = parser.add_argument_group("limits (pinned when the trial is created)")
@@ -117,6 +129,26 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
+def _key(args: argparse.Namespace) -> bytes | None:
+    """The ledger key from --key-file or the environment; at least 16 bytes."""
+    if args.key_file is not None:
+        try:
+            with open(args.key_file, "rb") as handle:
+                key = handle.read().rstrip(b"\r\n")
+        except OSError as exc:
+            msg = f"cannot read --key-file {args.key_file}: {exc.strerror or exc}"
+            raise UsageError(msg) from exc
+    else:
+        value = os.environ.get(KEY_ENV)
+        if not value:
+            return None
+        key = value.encode()
+    if len(key) < 16:
+        msg = "the ledger key must be at least 16 bytes"
+        raise UsageError(msg)
+    return key
+
+
 def _run(argv: list[str]) -> int:
     from .trial import Trial
 
@@ -128,7 +160,12 @@ def _run(argv: list[str]) -> int:
         if not tool_argv:
             raise UsageError("no command after `--`")
         trial = Trial(
-            args.state, args.log, limits=_overrides(args), lock_timeout=args.lock_timeout, rank_file=args.o200k_file
+            args.state,
+            args.log,
+            limits=_overrides(args),
+            lock_timeout=args.lock_timeout,
+            rank_file=args.o200k_file,
+            key=_key(args),
         )
         env = dict(environment.parse_assignment(item) for item in args.env)
         with InterruptWatch() as interrupt:
@@ -148,7 +185,15 @@ def _run(argv: list[str]) -> int:
         return result.exit_code
     if tool_argv:
         raise UsageError(f"`trial-tool {command}` takes no command")
-    trial = Trial(args.state, args.log, limits=_overrides(args), lock_timeout=args.lock_timeout)
+    if command == "verify":
+        from pathlib import Path
+
+        from .verify import render, verify
+
+        report = verify(Path(args.state), Path(args.log), _key(args))
+        print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
+        return 0 if report.ok else EXIT_VERIFY_FAILED
+    trial = Trial(args.state, args.log, limits=_overrides(args), lock_timeout=args.lock_timeout, key=_key(args))
     state = trial.init() if command == "init" else trial.status()
     print(json.dumps(_describe(state), indent=2, sort_keys=True))
     return 0

@@ -114,4 +114,19 @@ def append(path: Path, data: bytes) -> int:
     return new_size
 
 
-__all__ = ["append", "atomic_write", "fsync_directory", "read_bytes"]
+def truncate(path: Path, size: int) -> None:
+    """Cut `path` back to `size` bytes, durably (repairing a torn append)."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError as exc:
+        raise _fail("open", path, exc) from exc
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    except OSError as exc:
+        raise _fail("truncate", path, exc) from exc
+    finally:
+        os.close(fd)
+
+
+__all__ = ["append", "atomic_write", "fsync_directory", "read_bytes", "truncate"]

@@ -1,35 +1,39 @@
-"""The state file: locked, validated, atomically replaced; reserve a call before it runs, commit it after.
+"""The ledger: reserve a call before it runs, commit it after, recover what crashed.
 
 The lock is held only to reserve and to commit, never while a command runs:
 
-    reserve  [lock] load; recover calls whose trial-tool died; refuse if a budget
-             is spent (logging the refusal); charge the call; reserve its token
-             allowance; note it in flight; write  [unlock]
-    commit   [lock] load; append the audit record; add the delivered tokens;
-             release the allowance; write  [unlock]
+    reserve  [lock] open (check the log, mend a crash); recover calls whose
+             trial-tool died; refuse if a budget is spent (logging it); wait
+             (unlocked) while every unspent token is held by calls in flight;
+             charge the call, reserve its allowance, note it in flight; write
+    commit   [lock] open; drop it from in flight; add its delivered tokens;
+             append its record; write
 
-A call is charged from its reservation, so a trial-tool killed mid-call refunds
-nothing. The log is appended before the state is replaced; the state records
-the log's size, record count and last hash, and any disagreement stops the trial
-(fail closed) rather than guessing.
+A call is charged from its reservation, so a trial-tool killed at any point
+refunds nothing. Each locked step appends at most one record and then replaces
+the state, so a crash leaves the log at most one record ahead of the state, or
+with a torn last line: the next `open` rolls that record forward, or cuts the
+torn line off and logs the repair. Anything else that disagrees fails closed.
 """
 
 from __future__ import annotations
 
-import json
+import base64
+import hashlib
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import audit, clock, fsio, records
+from . import audit, clock, fsio, liveness, records, statefile
 from .errors import BudgetExhausted, StateError, StorageError, TrialExists
-from .limits import FLAG_OF, Limits, check_pinned, from_overrides, from_state
+from .limits import FLAG_OF, Limits, check_pinned, from_overrides
 
-SCHEMA = "trialtool.state"
-VERSION = 1
 DEFAULT_LOCK_TIMEOUT = 30.0
+#: Record type of a log repair (a torn line cut off).
+REPAIR = "trial_tool_repair"
 
 
 class Reservation(NamedTuple):
@@ -48,71 +52,33 @@ class Reservation(NamedTuple):
     started_at: float
 
 
-def _process_token(pid: int) -> str | None:
-    """Something that tells a live process from a later one reusing its pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-        # Field 22 (start time in clock ticks since boot) follows the ")" closing the command name.
-        return stat[stat.rindex(b")") + 2 :].split()[19].decode()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        pass  # no procfs (macOS): ask psutil, imported only on this path
-    import psutil
-
-    try:
-        return f"{psutil.Process(pid).create_time():.3f}"
-    except psutil.Error:
-        return None
-
-
-def _validate(data: Any, path: Path) -> dict[str, Any]:
-    def bad(what: str) -> StateError:
-        return StateError(f"state {path} is not a trialtool state: {what}; run `trial-tool verify`")
-
-    if not isinstance(data, dict):
-        raise bad(f"expected a JSON object, found {type(data).__name__}")
-    if data.get("schema") != SCHEMA:
-        raise bad(f"schema is {data.get('schema')!r}, expected {SCHEMA!r}")
-    if data.get("version") != VERSION:
-        msg = f"state {path} has schema version {data.get('version')!r}; this trial-tool reads version {VERSION} only"
-        raise StateError(msg)
-    counters = ("calls", "emitted_tokens", "refused_calls")
-    for key in counters:
-        value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad(f"{key} is {value!r}, expected a non-negative integer")
-    for key in ("started_at", "elapsed_seconds"):
-        value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise bad(f"{key} is {value!r}, expected a non-negative number")
-    if not isinstance(data.get("trial_id"), str):
-        raise bad("trial_id is missing")
-    try:
-        data["limits"] = from_state(data.get("limits"))
-    except ValueError as exc:
-        raise bad(f"limits: {exc}") from exc
-    if not isinstance(data.get("in_flight"), dict) or not isinstance(data.get("clock"), dict):
-        raise bad("in_flight or clock is missing")
-    log: Any = data.get("log")
-    try:
-        data["log"] = audit.LogHead(int(log["records"]), int(log["bytes"]), str(log["head"]))
-    except (TypeError, KeyError, ValueError) as exc:
-        raise bad("log binding is missing or malformed") from exc
-    limits: Limits = data["limits"]
-    if data["calls"] > limits.max_calls or data["emitted_tokens"] > limits.max_tokens:
-        raise bad("counters exceed the pinned limits")
-    return data
-
-
 class Ledger:
-    """One trial's state file and audit log."""
+    """One trial's state file and audit log.
 
-    def __init__(self, state_path: Path, log_path: Path, *, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
+    `owner` is who reserves calls: (pid, liveness token), this process by
+    default. A call in flight whose owner is no longer alive was abandoned.
+    """
+
+    def __init__(
+        self,
+        state_path: Path,
+        log_path: Path,
+        *,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        key: bytes | None = None,
+        owner: tuple[int, str | None] | None = None,
+    ) -> None:
         self.state_path = Path(state_path)
         self.log_path = Path(log_path)
         self.lock_timeout = lock_timeout
+        self.chain = audit.Chain(key)
+        self._owner = owner
+
+    @property
+    def owner(self) -> tuple[int, str | None]:
+        if self._owner is None:
+            self._owner = (os.getpid(), liveness.token(os.getpid()))
+        return self._owner
 
     # -- reading and writing -------------------------------------------------
 
@@ -121,24 +87,26 @@ class Ledger:
 
         return LedgerLock(self.state_path.with_name(self.state_path.name + ".lock"), self.lock_timeout)
 
+    def ensure_directory(self) -> None:
+        """Create the state's directory (and parents) if missing; StorageError if it cannot be."""
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot create directory {self.state_path.parent}: {exc.strerror or exc}"
+            raise StorageError(msg) from exc
+
     def load(self) -> dict[str, Any] | None:
         """The validated state, or None when the trial does not exist yet."""
         raw = fsio.read_bytes(self.state_path)
-        if raw is None:
-            return None
-        try:
-            data = json.loads(raw)
-        except ValueError as exc:
-            msg = f"state {self.state_path} is not valid JSON (corrupt or truncated): {exc}"
-            raise StateError(msg) from exc
-        return _validate(data, self.state_path)
+        return None if raw is None else statefile.decode(raw, self.state_path, self.chain)
 
     def _write(self, state: dict[str, Any]) -> None:
-        document = dict(state)
-        document["limits"] = state["limits"]._asdict()
-        document["log"] = state["log"]._asdict()
-        document["updated_at_utc"] = clock.utc(time.time())
-        fsio.atomic_write(self.state_path, json.dumps(document, indent=2, sort_keys=True).encode() + b"\n")
+        fsio.atomic_write(self.state_path, statefile.encode(state, self.chain))
+
+    def _append(self, state: dict[str, Any], record: dict[str, Any]) -> None:
+        """Append `record`, stating the totals of `state` (already updated for it)."""
+        record["ledger_after"] = statefile.totals(state)
+        state["log"] = audit.append(self.log_path, record, state["log"], self.chain)
 
     def _new_state(self, limits: Limits) -> dict[str, Any]:
         if self.log_path.exists() and self.log_path.stat().st_size > 0:
@@ -147,30 +115,15 @@ class Ledger:
                 "refusing to start a trial over another trial's log"
             )
             raise StateError(msg)
-        for directory in {self.state_path.parent, self.log_path.parent}:
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                msg = f"cannot create directory {directory}: {exc.strerror or exc}"
-                raise StorageError(msg) from exc
-        now = time.time()
-        return {
-            "schema": SCHEMA,
-            "version": VERSION,
-            "trial_id": os.urandom(16).hex(),
-            "limits": limits,
-            "calls": 0,
-            "refused_calls": 0,
-            "emitted_tokens": 0,
-            "started_at": now,
-            "started_at_utc": clock.utc(now),
-            "elapsed_seconds": 0.0,
-            "clock": clock.anchor(),
-            "in_flight": {},
-            "log": audit.LogHead(),
-        }
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot create directory {self.log_path.parent}: {exc.strerror or exc}"
+            raise StorageError(msg) from exc
+        return statefile.new(limits, self.chain)
 
     def _open(self, overrides: dict[str, Any], *, create: bool) -> dict[str, Any]:
+        """The state, checked against its log (and mended after a crash). Under the lock."""
         state = self.load()
         if state is None:
             if not create:
@@ -178,8 +131,68 @@ class Ledger:
                 raise StateError(msg)
             return self._new_state(from_overrides(overrides))
         check_pinned(state["limits"], overrides)
-        audit.check_size(self.log_path, state["log"])
+        tail = audit.read_tail(self.log_path, state["log"], self.chain)
+        last = tail.last
+        if tail.extra:
+            last = self._mend(state, tail.extra) or last
+        statefile.check_against_log(state, last, self.state_path)
         return state
+
+    def _mend(self, state: dict[str, Any], extra: bytes) -> dict[str, Any] | None:
+        """Bring state and log back into step after a crash; return the new last record, if any."""
+        complete, _, torn = extra.rpartition(b"\n")
+        if not complete and torn:
+            # A torn append: the writer died mid-line. Cut it off and say so in the log.
+            head: audit.LogHead = state["log"]
+            fsio.truncate(self.log_path, head.bytes)
+            now = time.time()
+            record = {
+                "record_type": REPAIR,
+                "record_version": records.RECORD_VERSION,
+                "trial_id": state["trial_id"],
+                "status": "log_repaired",
+                "charged": False,
+                "removed_bytes": len(torn),
+                "removed_sha256": hashlib.sha256(torn).hexdigest(),
+                "removed_b64": base64.b64encode(torn).decode("ascii"),
+                "at_utc": clock.utc(now),
+            }
+            self._append(state, record)
+            self._write(state)
+            return record
+        lines = complete.split(b"\n") if complete else []
+        if len(lines) == 1 and not torn:
+            record = self._roll_forward(state, lines[0])
+            self._write(state)
+            return record
+        msg = (
+            f"log {self.log_path} has {len(lines)} records and {len(torn)} stray bytes the state does not know of: "
+            "more than one crash can leave; run `trial-tool verify`"
+        )
+        raise StateError(msg)
+
+    def _roll_forward(self, state: dict[str, Any], line: bytes) -> dict[str, Any]:
+        """Apply the one record appended before a crash kept the state from being replaced."""
+        import json
+
+        head: audit.LogHead = state["log"]
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or record.get("prev_hash") != head.head:
+            msg = f"log {self.log_path}: a record beyond the state is not chained to it; run `trial-tool verify`"
+            raise StateError(msg)
+        if record.get("status") in records.REFUSED:
+            state["refused_calls"] += 1
+        elif record.get("charged"):
+            state["in_flight"].pop(str(record.get("sequence")), None)
+            state["emitted_tokens"] += int(record.get("delivered_emitted_tokens") or 0)
+        if record.get("ledger_after") != statefile.totals(state):
+            msg = f"log {self.log_path}: the record beyond the state does not follow from it; run `trial-tool verify`"
+            raise StateError(msg)
+        state["log"] = audit.LogHead(head.records + 1, head.bytes + len(line) + 1, self.chain.digest(line), head.bytes)
+        return record
 
     # -- the operations ------------------------------------------------------
 
@@ -202,83 +215,92 @@ class Ledger:
         state["elapsed_seconds"] = clock.elapsed(state["clock"], state["started_at"], state["elapsed_seconds"])
         return state
 
-    def ensure_directory(self) -> None:
-        """Create the state's directory (and parents) if missing; StorageError if it cannot be."""
-        try:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            msg = f"cannot create directory {self.state_path.parent}: {exc.strerror or exc}"
-            raise StorageError(msg) from exc
-
     def reserve(
         self,
         overrides: dict[str, Any],
         command: list[str],
         preflight: Callable[[dict[str, Any]], None] | None = None,
+        supervisor: int | None = None,
     ) -> Reservation:
         """Charge a call and reserve its allowance, or log a refusal and raise BudgetExhausted.
 
         `preflight(state)` runs under the lock before anything is written; it may
-        note facts in the state (written with the reservation) or raise to stop
-        the call with nothing charged.
+        note facts in the state or raise to stop the call with nothing charged.
+        `supervisor` is the pid of the call's supervisor, so that a recovery can
+        stop what it left running.
         """
         self.ensure_directory()
-        with self._lock():
-            state = self._open(overrides, create=True)
-            if preflight is not None:
-                preflight(state)
-            self._recover(state)
-            limits: Limits = state["limits"]
-            elapsed = clock.elapsed(state["clock"], state["started_at"], state["elapsed_seconds"])
-            state["elapsed_seconds"] = elapsed
-            reserved = sum(int(entry["allowance"]) for entry in state["in_flight"].values())
-            refusal = None
-            if state["calls"] >= limits.max_calls:
-                refusal = ("maximum_tool_calls", f"all {limits.max_calls} calls are spent ({FLAG_OF['max_calls']})")
-            elif state["emitted_tokens"] >= limits.max_tokens:
-                refusal = (
-                    "maximum_emitted_tokens",
-                    f"all {limits.max_tokens} delivered tokens are spent ({FLAG_OF['max_tokens']})",
-                )
-            elif elapsed >= limits.trial_timeout:
-                refusal = (
-                    "task_timeout_seconds",
-                    f"the trial's {limits.trial_timeout:g} s are spent ({FLAG_OF['trial_timeout']})",
-                )
-            if refusal is not None:
-                status, reason = refusal
-                now = time.time()
-                record = records.refusal(
-                    trial_id=state["trial_id"],
-                    sequence=state["calls"] + 1,
-                    command=command,
-                    status=status,
-                    reason=reason,
-                    at_utc=clock.utc(now),
-                    wall_elapsed=elapsed,
-                )
-                state["log"] = audit.append(self.log_path, record, state["log"])
-                state["refused_calls"] += 1
-                self._write(state)
-                raise BudgetExhausted(f"call refused: {reason}", status)
-            sequence = state["calls"] + 1
-            unreserved = limits.max_tokens - state["emitted_tokens"] - reserved
-            allowance = max(0, min(limits.max_call_tokens, unreserved))
-            trial_left = limits.trial_timeout - elapsed
-            if limits.call_timeout <= trial_left:
-                run_seconds, deadline_kind = limits.call_timeout, "call"
-            else:
-                run_seconds, deadline_kind = trial_left, "trial"
-            now = time.time()
-            state["calls"] = sequence
-            state["in_flight"][str(sequence)] = {
-                "pid": os.getpid(),
-                "pid_token": _process_token(os.getpid()),
-                "allowance": allowance,
-                "command": command,
-                "started_at_utc": clock.utc(now),
-            }
-            self._write(state)
+        wait_until: float | None = None
+        pause = 0.005
+        while True:
+            with self._lock():
+                state = self._open(overrides, create=True)
+                if preflight is not None:
+                    preflight(state)
+                self._recover(state)
+                limits: Limits = state["limits"]
+                elapsed = clock.elapsed(state["clock"], state["started_at"], state["elapsed_seconds"])
+                state["elapsed_seconds"] = elapsed
+                trial_left = limits.trial_timeout - elapsed
+                reserved = sum(int(entry["allowance"]) for entry in state["in_flight"].values())
+                unreserved = limits.max_tokens - state["emitted_tokens"] - reserved
+                refusal = _refusal(state, limits, elapsed)
+                if refusal is None and unreserved <= 0:
+                    # Every unspent token is held by calls in flight: wait for them to
+                    # hand back what they do not deliver, within this call's own deadline.
+                    now = time.monotonic()
+                    if wait_until is None:
+                        wait_until = now + min(limits.call_timeout, trial_left)
+                    if now >= wait_until:
+                        refusal = (
+                            "maximum_emitted_tokens",
+                            f"every unspent token stayed held by calls in flight ({FLAG_OF['max_tokens']})",
+                        )
+                if refusal is not None:
+                    self._refuse(state, command, refusal, elapsed)
+                if unreserved > 0:
+                    return self._charge(state, command, min(limits.max_call_tokens, unreserved), supervisor)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+    def _refuse(self, state: dict[str, Any], command: list[str], refusal: tuple[str, str], elapsed: float) -> None:
+        status, reason = refusal
+        state["refused_calls"] += 1
+        record = records.refusal(
+            trial_id=state["trial_id"],
+            sequence=state["calls"] + 1,
+            command=command,
+            status=status,
+            reason=reason,
+            at_utc=clock.utc(time.time()),
+            wall_elapsed=elapsed,
+        )
+        self._append(state, record)
+        self._write(state)
+        raise BudgetExhausted(f"call refused: {reason}", status)
+
+    def _charge(self, state: dict[str, Any], command: list[str], allowance: int, supervisor: int | None) -> Reservation:
+        limits: Limits = state["limits"]
+        elapsed = state["elapsed_seconds"]
+        trial_left = limits.trial_timeout - elapsed
+        if limits.call_timeout <= trial_left:
+            run_seconds, deadline_kind = limits.call_timeout, "call"
+        else:
+            run_seconds, deadline_kind = trial_left, "trial"
+        now = time.time()
+        sequence = state["calls"] + 1
+        pid, token = self.owner
+        state["calls"] = sequence
+        state["in_flight"][str(sequence)] = {
+            "pid": pid,
+            "pid_token": token,
+            "supervisor": supervisor,
+            "supervisor_token": liveness.token(supervisor) if supervisor else None,
+            "allowance": allowance,
+            "command": command,
+            "started_at_utc": clock.utc(now),
+        }
+        self._write(state)
         return Reservation(
             trial_id=state["trial_id"],
             sequence=sequence,
@@ -301,21 +323,29 @@ class Ledger:
             if state["trial_id"] != reservation.trial_id:
                 msg = f"state {self.state_path} was replaced by another trial during the call"
                 raise StateError(msg)
-            state["in_flight"].pop(str(reservation.sequence), None)
+            if state["in_flight"].pop(str(reservation.sequence), None) is None:
+                msg = f"call {reservation.sequence} is no longer in flight (recovered as abandoned?)"
+                raise StateError(msg)
             elapsed = clock.elapsed(state["clock"], state["started_at"], state["elapsed_seconds"])
             state["elapsed_seconds"] = elapsed
             record["wall_elapsed_seconds"] = elapsed
-            state["log"] = audit.append(self.log_path, record, state["log"])
             state["emitted_tokens"] += delivered
+            self._append(state, record)
             self._write(state)
         return state
 
     def _recover(self, state: dict[str, Any]) -> None:
-        """Close calls whose trial-tool died: charged, nothing delivered, allowance released."""
+        """Close calls whose trial-tool died: charged, nothing delivered, allowance released.
+
+        What their commands left running is stopped: the supervisor, if it lives on,
+        is told to stop (its parent is gone, so it kills the tree and exits), and
+        any cgroup it made is emptied.
+        """
         for key, entry in sorted(state["in_flight"].items(), key=lambda item: int(item[0])):
             pid = int(entry["pid"])
-            if _process_token(pid) == entry.get("pid_token"):
+            if liveness.alive(pid, entry.get("pid_token")):
                 continue  # its owner is alive and still running it
+            killed = _stop_leftovers(entry)
             now = time.time()
             record = records.abandoned(
                 trial_id=state["trial_id"],
@@ -326,8 +356,36 @@ class Ledger:
                 wall_elapsed=clock.elapsed(state["clock"], state["started_at"], state["elapsed_seconds"]),
                 owner_pid=pid,
             )
-            state["log"] = audit.append(self.log_path, record, state["log"])
+            record["processes_killed"] = killed
             del state["in_flight"][key]
+            self._append(state, record)
+            self._write(state)
 
 
-__all__ = ["DEFAULT_LOCK_TIMEOUT", "SCHEMA", "VERSION", "Ledger", "Reservation"]
+def _refusal(state: dict[str, Any], limits: Limits, elapsed: float) -> tuple[str, str] | None:
+    """The refusal status and reason when a budget is spent, else None."""
+    if state["calls"] >= limits.max_calls:
+        return "maximum_tool_calls", f"all {limits.max_calls} calls are spent ({FLAG_OF['max_calls']})"
+    if state["emitted_tokens"] >= limits.max_tokens:
+        return "maximum_emitted_tokens", f"all {limits.max_tokens} delivered tokens are spent ({FLAG_OF['max_tokens']})"
+    if elapsed >= limits.trial_timeout:
+        return "task_timeout_seconds", f"the trial's {limits.trial_timeout:g} s are spent ({FLAG_OF['trial_timeout']})"
+    return None
+
+
+def _stop_leftovers(entry: dict[str, Any]) -> int:
+    """Stop what an abandoned call left running; return how many processes were killed."""
+    supervisor = entry.get("supervisor")
+    if not isinstance(supervisor, int):
+        return 0
+    if liveness.alive(supervisor, entry.get("supervisor_token")):
+        try:
+            os.kill(supervisor, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    from .cgroups import kill_leftovers
+
+    return kill_leftovers(supervisor)
+
+
+__all__ = ["DEFAULT_LOCK_TIMEOUT", "REPAIR", "Ledger", "Reservation"]

@@ -73,8 +73,9 @@ class Trial:
         limits: dict[str, Any] | None = None,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         rank_file: str | os.PathLike[str] | None = None,
+        key: bytes | None = None,
     ) -> None:
-        self.ledger = Ledger(Path(state_path), Path(log_path), lock_timeout=lock_timeout)
+        self.ledger = Ledger(Path(state_path), Path(log_path), lock_timeout=lock_timeout, key=key)
         self.overrides = dict(limits or {})
         self._rank_file = rank_file
         self._rank_path: Path | None = None
@@ -131,7 +132,9 @@ class Trial:
         self.ledger.ensure_directory()
         # The supervisor is forked first and gets ready while the call is reserved.
         with process.Launcher(self.ledger.state_path.parent) as launcher:
-            reservation = self.ledger.reserve(self.overrides, argv, preflight=self._check_rank_file)
+            reservation = self.ledger.reserve(
+                self.overrides, argv, preflight=self._check_rank_file, supervisor=launcher.pid
+            )
             limits = reservation.limits
             started_wall = time.time()
             deadline = time.monotonic() + reservation.run_seconds
