@@ -73,6 +73,13 @@ class Ledger:
         self.lock_timeout = lock_timeout
         self.chain = audit.Chain(key)
         self._owner = owner
+        #: Calls this process reserved and gave up on (a failed commit): recover them
+        #: as abandoned although their owner, this process, lives on.
+        self._abandoned: set[int] = set()
+
+    def abandon(self, sequence: int) -> None:
+        """Give up on a reserved call; the next reservation records it as abandoned."""
+        self._abandoned.add(sequence)
 
     @property
     def owner(self) -> tuple[int, str | None]:
@@ -104,7 +111,8 @@ class Ledger:
         fsio.atomic_write(self.state_path, statefile.encode(state, self.chain))
 
     def _append(self, state: dict[str, Any], record: dict[str, Any]) -> None:
-        """Append `record`, stating the totals of `state` (already updated for it)."""
+        """Append `record`, bound to this trial and stating the totals of `state` (already updated for it)."""
+        record["trial_id"] = state["trial_id"]
         record["ledger_after"] = statefile.totals(state)
         state["log"] = audit.append(self.log_path, record, state["log"], self.chain)
 
@@ -122,8 +130,24 @@ class Ledger:
             raise StorageError(msg) from exc
         return statefile.new(limits, self.chain)
 
+    def _sweep_temporaries(self) -> None:
+        """Remove temp files of state writes cut short by a crash (their writer is dead)."""
+        prefix = f".{self.state_path.name}."
+        try:
+            names = [name for name in os.listdir(self.state_path.parent) if name.startswith(prefix)]
+        except OSError:
+            return
+        for name in names:
+            parts = name[len(prefix) :].split(".")
+            if len(parts) == 3 and parts[2] == "tmp" and parts[0].isdigit() and liveness.token(int(parts[0])) is None:
+                try:
+                    os.unlink(self.state_path.parent / name)
+                except OSError:
+                    pass  # gone already, or not ours to remove
+
     def _open(self, overrides: dict[str, Any], *, create: bool) -> dict[str, Any]:
         """The state, checked against its log (and mended after a crash). Under the lock."""
+        self._sweep_temporaries()
         state = self.load()
         if state is None:
             if not create:
@@ -300,7 +324,13 @@ class Ledger:
             "command": command,
             "started_at_utc": clock.utc(now),
         }
-        self._write(state)
+        try:
+            self._write(state)
+        except BaseException:
+            # The new state may or may not be on disk (a failed directory fsync comes
+            # after the rename): if it is, this call must be recovered, not left in flight.
+            self._abandoned.add(sequence)
+            raise
         return Reservation(
             trial_id=state["trial_id"],
             sequence=sequence,
@@ -343,8 +373,9 @@ class Ledger:
         """
         for key, entry in sorted(state["in_flight"].items(), key=lambda item: int(item[0])):
             pid = int(entry["pid"])
-            if liveness.alive(pid, entry.get("pid_token")):
+            if int(key) not in self._abandoned and liveness.alive(pid, entry.get("pid_token")):
                 continue  # its owner is alive and still running it
+            self._abandoned.discard(int(key))
             killed = _stop_leftovers(entry)
             now = time.time()
             record = records.abandoned(

@@ -159,7 +159,13 @@ class Trial:
                 self._commit_failure(reservation, argv, started_wall, exc)
                 raise
         signum = None if interrupt is None else interrupt.signum
-        return self._finish(reservation, argv, outcome, started_wall, signum)
+        try:
+            return self._finish(reservation, argv, outcome, started_wall, signum)
+        except BaseException:
+            # Not committed (a disk error, say): the call stays charged, and the next
+            # reservation, in this process or another, records it as abandoned.
+            self.ledger.abandon(reservation.sequence)
+            raise
 
     def _commit_failure(
         self, reservation: Reservation, argv: list[str], started_wall: float, exc: TrialToolError
@@ -181,7 +187,9 @@ class Trial:
         try:
             self.ledger.commit(reservation, record)
         except TrialToolError:
-            pass  # the original failure is the one to report; the call stays in flight and is recovered later
+            # The original failure is the one to report; the call stays charged and in
+            # flight, and the next reservation records it as abandoned.
+            self.ledger.abandon(reservation.sequence)
 
     def _finish(
         self,
