@@ -82,6 +82,40 @@ def stopping(tool: str, work: Path, python: str, no_output: float, runs: int = 5
         )
 
 
+def ledger_figures(tool: str, work: Path, python: str) -> None:
+    """Issue 4's figures: 20 parallel calls against their serial time, and the ledger's own cost."""
+    print("\nledger:")
+    for mode in ("serial", "parallel"):
+        state, log = work / f"{mode}.json", work / f"{mode}.jsonl"
+        argv = [tool, "--state", str(state), "--log", str(log), "--max-calls", "20", "--", "sleep", "0.5"]
+        started = time.perf_counter()
+        if mode == "serial":
+            for _ in range(20):
+                subprocess.run(argv, stdout=subprocess.DEVNULL, check=False)
+        else:
+            procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL) for _ in range(20)]
+            for proc in procs:
+                proc.wait()
+        print(f"  20 calls of `sleep 0.5`, {mode:<8}: {time.perf_counter() - started:6.2f} s")
+    code = (
+        "import time, tempfile, pathlib\n"
+        "from trialtool.ledger import Ledger\n"
+        "root = pathlib.Path(tempfile.mkdtemp())\n"
+        "ledger = Ledger(root / 's.json', root / 'l.jsonl')\n"
+        "limits = {'max_calls': 100000, 'max_tokens': 10**9}\n"
+        "ledger.reserve(limits, ['warm'])\n"
+        "n = 300\n"
+        "started = time.perf_counter()\n"
+        "for i in range(n):\n"
+        "    r = ledger.reserve(limits, ['x'])\n"
+        "    ledger.commit(r, {'record_type': 'trial_tool_call', 'sequence': r.sequence, 'status': 'ok',"
+        " 'charged': True, 'delivered_emitted_tokens': 1, 'allowance_tokens': r.allowance})\n"
+        "print((time.perf_counter() - started) / n * 1000)\n"
+    )
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
+    print(f"  reserve + commit, in process (lock, chain walk, 5 fsyncs): {float(done.stdout):.2f} ms a call")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=30)
@@ -125,6 +159,7 @@ def main() -> int:
     print(f"floor (python starting and spawning `true`): {floor_spawn * 1000:.1f} ms")
     no_output = results["true (no output)"][1]
     stopping(tool, work, python, no_output)
+    ledger_figures(tool, work, python)
     print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")
     for module in ("trialtool.cli", "tiktoken", "psutil", "filelock"):
         cost = import_ms(python, module)

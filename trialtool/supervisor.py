@@ -31,6 +31,7 @@ from typing import Any, NamedTuple, NoReturn
 from . import reaper
 from .capture import Spool
 from .cgroups import CallGroup
+from .spawn import spawn
 
 _READ_SIZE = 65536
 #: exec errors that mean "found, but cannot be run" (exit 126).
@@ -133,10 +134,6 @@ def serve(spools: tuple[Spool, Spool], result_fd: int, control_fd: int, parent_p
         signals = _Signals(parent_pid)
         if os.getppid() != parent_pid:
             os._exit(1)  # trial-tool died before the death signal was armed; nothing was started
-        # Imported while trial-tool reserves the call, not before the fork: trial-tool
-        # itself never needs it (~5 ms).
-        import subprocess  # noqa: F401
-
         orders = _read_orders(control_fd, signals)
         if orders is None:
             os._exit(0)  # the call was refused or failed before it started
@@ -207,8 +204,6 @@ def _run_command(
     group: CallGroup,
     subreaper: bool,
 ) -> dict[str, Any]:
-    import subprocess
-
     rlimits = _limits_for_exec(spec, group)
 
     def before_exec() -> None:
@@ -220,27 +215,16 @@ def _run_command(
     described = group.describe(spec.max_procs, spec.max_memory)
     base: dict[str, Any] = {"containment": {**described, "subreaper": subreaper}}
     try:
-        process = subprocess.Popen(
-            spec.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-            cwd=spec.cwd,
-            env=spec.env,
-            preexec_fn=before_exec,
-        )
+        child = spawn(spec.argv, cwd=spec.cwd, env=spec.env, before_exec=before_exec)
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             return {**base, "ended": "not_found", "error": exc.strerror}
         if exc.errno in _NOT_EXECUTABLE:
             return {**base, "ended": "not_executable", "error": exc.strerror}
         raise
-    assert process.stdout is not None and process.stderr is not None
-    pgid = process.pid
-    pipes = {process.stdout.fileno(): spools[0], process.stderr.fileno(): spools[1]}
-    watch_fd = os.pidfd_open(process.pid) if hasattr(os, "pidfd_open") else -1
+    pgid = child.pid
+    pipes = {child.stdout: spools[0], child.stderr: spools[1]}
+    watch_fd = os.pidfd_open(child.pid) if hasattr(os, "pidfd_open") else -1
     selector = selectors.DefaultSelector()
     for fd in pipes:
         os.set_blocking(fd, False)
@@ -286,7 +270,7 @@ def _run_command(
                 _kill_tree(pgid, group)
                 stop_signal = signal.SIGKILL
                 kill_at = float("inf")
-            if watch_fd < 0 and process.poll() is not None:
+            if watch_fd < 0 and _exited(child.pid) is not None:
                 exited_at = now  # no pidfd (not Linux): the short wake-ups below notice the exit
                 break
             wakes = [spec.deadline if kill_at is None else kill_at]
@@ -308,7 +292,7 @@ def _run_command(
                     signals.drain()
                 elif not _read_once(fd, pipes[fd], selector):
                     stop("output_limit", spec.kill_grace)
-        returncode = process.wait()
+        returncode = _wait(child.pid)
         # The command is gone. End what it left, then take what was already written.
         known = reaper.living_descendants()
         _kill_tree(pgid, group)
@@ -320,8 +304,8 @@ def _run_command(
         selector.close()
         if watch_fd >= 0:
             os.close(watch_fd)
-        process.stdout.close()
-        process.stderr.close()
+        os.close(child.stdout)
+        os.close(child.stderr)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     peak = group.memory_peak()
     return {
@@ -343,6 +327,26 @@ def _run_command(
         "peak_rss_scope": "tree" if peak is not None else "largest_process",
         "streams": [[spool.total, spool.sha256()] for spool in spools],
     }
+
+
+_exit_status: dict[int, int] = {}
+
+
+def _exited(pid: int) -> int | None:
+    """The command's exit code (negative: killed by that signal) once it has exited, without blocking."""
+    if pid not in _exit_status:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == 0:
+            return None
+        _exit_status[pid] = os.waitstatus_to_exitcode(status)
+    return _exit_status[pid]
+
+
+def _wait(pid: int) -> int:
+    if pid not in _exit_status:
+        _, status = os.waitpid(pid, 0)
+        _exit_status[pid] = os.waitstatus_to_exitcode(status)
+    return _exit_status[pid]
 
 
 def _signal_tree(pgid: int, sig: int) -> None:
