@@ -136,15 +136,17 @@ def test_killed_wrapper_charges_its_call_and_is_recovered(trial: TrialFiles, mar
     wrapper = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # The command only starts after the reservation is written: its appearance is the event.
-        assert wait_until(lambda: [p for p in marked(marker) if p.pid != wrapper.pid], timeout=30)
+        # The supervisor is a fork of the wrapper (same command line); the command is its child.
+        assert wait_until(
+            lambda: [p for p in marked(marker) if wrapper.pid not in (p.pid, p.ppid())], timeout=30
+        )
     finally:
         wrapper.send_signal(signal.SIGKILL)
         wrapper.wait()
     state = trial.state_json()
     assert state["calls"] == 1 and list(state["in_flight"]) == ["1"]
-    # Issue 3 makes the command die with its wrapper; until then the test ends it itself.
-    for proc in marked(marker):
-        proc.kill()
+    # The supervisor's parent-death signal ends the command; nothing announces when.
+    assert wait_until(lambda: marked(marker) == [], timeout=20)
     assert trial.call("echo", "next").returncode == 0
     rows = trial.records()
     assert [r["status"] for r in rows] == ["abandoned", "ok"]

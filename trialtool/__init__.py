@@ -7,24 +7,70 @@ neither tiktoken nor psutil.
 
 from __future__ import annotations
 
-from .errors import (
-    EXIT_INTERNAL,
-    EXIT_NOT_EXECUTABLE,
-    EXIT_NOT_FOUND,
-    EXIT_REFUSED,
-    EXIT_TIMEOUT,
-    BudgetExhausted,
-    EncoderError,
-    LimitMismatch,
-    LockTimeout,
-    StateError,
-    StorageError,
-    TrialExists,
-    TrialToolError,
-    UsageError,
-)
-from .limits import Limits
-from .trial import CallResult, Trial
+# Not typing.TYPE_CHECKING: importing typing here would cost every run of trial-tool
+# ~6 ms before it can fork the call's supervisor.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .errors import (
+        EXIT_INTERNAL,
+        EXIT_NOT_EXECUTABLE,
+        EXIT_NOT_FOUND,
+        EXIT_REFUSED,
+        EXIT_TIMEOUT,
+        BudgetExhausted,
+        EncoderError,
+        LimitMismatch,
+        LockTimeout,
+        StateError,
+        StorageError,
+        TrialExists,
+        TrialToolError,
+        UsageError,
+    )
+    from .limits import Limits
+    from .trial import CallResult, Trial
+
+# Exports are loaded on first use (PEP 562), so that `trial-tool` can fork the
+# call's supervisor before it imports the rest of the package.
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "EXIT_INTERNAL",
+            "EXIT_NOT_EXECUTABLE",
+            "EXIT_NOT_FOUND",
+            "EXIT_REFUSED",
+            "EXIT_TIMEOUT",
+            "BudgetExhausted",
+            "EncoderError",
+            "LimitMismatch",
+            "LockTimeout",
+            "StateError",
+            "StorageError",
+            "TrialExists",
+            "TrialToolError",
+            "UsageError",
+        ),
+        "errors",
+    ),
+    "Limits": "limits",
+    "CallResult": "trial",
+    "Trial": "trial",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        msg = f"module 'trialtool' has no attribute {name!r}"
+        raise AttributeError(msg)
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

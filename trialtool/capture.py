@@ -7,14 +7,16 @@ It never holds more than `cap` bytes: bytes past the cap are counted and dropped
 
 from __future__ import annotations
 
-import hashlib
 import os
-from pathlib import Path
 
 from .errors import StorageError
 
+#: SHA-256 of nothing: the hash of an empty stream.
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
-def _open_unlinked(directory: Path) -> int:
+
+def open_unlinked(directory: str) -> int:
+    """A read-write descriptor on a file with no name in `directory` (OSError if it cannot be made)."""
     flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
     tmpfile = getattr(os, "O_TMPFILE", 0)
     if tmpfile:
@@ -22,7 +24,7 @@ def _open_unlinked(directory: Path) -> int:
             return os.open(directory, flags | tmpfile, 0o600)
         except OSError:
             pass  # filesystem without O_TMPFILE (or not Linux): fall back below
-    path = directory / f".trialtool-spool.{os.getpid()}.{os.urandom(6).hex()}"
+    path = os.path.join(directory, f".trialtool-spool.{os.getpid()}.{os.urandom(6).hex()}")
     fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
     os.unlink(path)
     return fd
@@ -31,23 +33,18 @@ def _open_unlinked(directory: Path) -> int:
 class Spool:
     """The first `cap` bytes of a stream, spooled to an unlinked file.
 
-    The supervisor (a fork sharing the descriptor) feeds it; trial-tool reads it
-    back with `read`, told the total by the supervisor.
+    The supervisor (a fork sharing the descriptor) feeds it; trial-tool reads the
+    kept bytes back from the descriptor, told the total by the supervisor.
     """
 
-    EMPTY_SHA256 = hashlib.sha256().hexdigest()
+    def __init__(self, fd: int, cap: int) -> None:
+        import hashlib  # in the supervisor only: trial-tool's side reads the spool with pread
 
-    def __init__(self, directory: Path, cap: int) -> None:
-        #: Set before the first `feed` (the supervisor learns it with its orders).
+        self._fd = fd
         self.cap = cap
         #: Bytes the command wrote to the stream, kept or not.
         self.total = 0
         self._hash = hashlib.sha256()
-        try:
-            self._fd = _open_unlinked(directory)
-        except OSError as exc:
-            msg = f"cannot create an output spool in {directory}: {exc.strerror or exc}"
-            raise StorageError(msg) from exc
 
     @property
     def kept(self) -> int:
@@ -77,19 +74,5 @@ class Spool:
         """SHA-256 of the kept bytes."""
         return self._hash.hexdigest()
 
-    def read(self, total: int | None = None) -> bytes:
-        """The kept bytes; `total` is the stream's byte count when another process fed the spool."""
-        kept = self.kept if total is None else min(total, self.cap)
-        try:
-            return os.pread(self._fd, kept, 0) if kept else b""
-        except OSError as exc:
-            msg = f"cannot read the output spool: {exc.strerror or exc}"
-            raise StorageError(msg) from exc
 
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
-__all__ = ["Spool"]
+__all__ = ["EMPTY_SHA256", "Spool", "open_unlinked"]

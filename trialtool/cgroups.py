@@ -94,6 +94,18 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+def _enable(directory: Path, controller: str) -> bool:
+    """Ask for `controller` in a v2 cgroup's subtree; True if it is enabled there.
+
+    Refused unless we may (the root, or a delegated subtree with no processes of its own).
+    """
+    _write(directory / "cgroup.subtree_control", f"+{controller}")
+    try:
+        return controller in (directory / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return False
+
+
 def _sweep_stale(parent: Path) -> None:
     """Remove empty leaves left by trial-tools that died (rmdir refuses non-empty ones)."""
     try:
@@ -118,67 +130,84 @@ class CallGroup:
         self.pids: Path | None = None
         self.memory: tuple[int, Path] | None = None
         self.versions: dict[Path, int] = {}
+        self._name = ""
+        #: Leaves the supervisor itself is in: the command needs no move, and they are
+        #: left for the next call's stale sweep, since they cannot be removed while we live.
+        self._joined: set[Path] = set()
 
     @classmethod
-    def create(cls, max_procs: int, max_memory: int) -> CallGroup:
-        """Make the leaves this call needs: always one for killing, pids and memory only when capped.
+    def prepare(cls) -> CallGroup:
+        """Make the call's pids leaf and move the calling supervisor into it, before the call's orders.
 
-        Each leaf costs a migration when the command joins it (~1-2 ms here), so
-        nothing is made that would not enforce something.
+        Moving a process into a cgroup made for it costs several ms here; done by the
+        supervisor while trial-tool reserves the call, it is off the call's path, and
+        the command is born inside (a fork inherits its cgroup). The cap itself is set
+        by `configure`, once the limits are known; the supervisor counts as one task.
         """
         group = cls()
-        name = f"{_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
-        # v1 first: on hybrid hosts moving a process into a v2 cgroup costs ~18 ms here
-        # (a v1 move, well under 1 ms), and the v2 leaf would add only cgroup.kill, which
-        # the subreaper sweep does without. So a v2 leaf is made only for a controller
-        # v1 does not offer.
+        group._name = f"{_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
         for mount in sorted(_own_cgroups(), key=lambda m: m.version):
-            need_pids = max_procs > 0 and group.pids is None
-            need_memory = max_memory > 0 and group.memory is None
-            if mount.version == 1 and not (
-                ("pids" in mount.controllers and need_pids) or ("memory" in mount.controllers and need_memory)
-            ):
+            if mount.version == 1 and "pids" not in mount.controllers:
                 continue
-            if mount.version == 2:
-                if not (need_pids or need_memory):
-                    continue
-                # Ask for the controllers in our subtree; refused unless we may (root of a
-                # delegated subtree with no processes of our own).
-                _write(mount.directory / "cgroup.subtree_control", "+pids +memory")
-                try:
-                    enabled = set((mount.directory / "cgroup.subtree_control").read_text().split())
-                except OSError:
-                    continue
-                if not ((need_pids and "pids" in enabled) or (need_memory and "memory" in enabled)):
-                    continue
-            _sweep_stale(mount.directory)
-            leaf = mount.directory / name
-            try:
-                leaf.mkdir()
-            except OSError:
+            if mount.version == 2 and not _enable(mount.directory, "pids"):
                 continue
-            group.leaves.append(leaf)
-            group.versions[leaf] = mount.version
-            if mount.version == 2 and (leaf / "cgroup.kill").exists():
-                group.kill_file = leaf / "cgroup.kill"
-            if need_pids and _write(leaf / "pids.max", str(max_procs)):
+            leaf = group._make_leaf(mount)
+            if leaf is not None and _write(leaf / "cgroup.procs", str(os.getpid())):
                 group.pids = leaf
-            memory_file = "memory.max" if mount.version == 2 else "memory.limit_in_bytes"
-            if need_memory and _write(leaf / memory_file, str(max_memory)):
-                if mount.version == 2:
-                    _write(leaf / "memory.swap.max", "0")
-                group.memory = (mount.version, leaf)
+                group._joined.add(leaf)
+                break
         return group
 
+    def configure(self, max_procs: int, max_memory: int) -> None:
+        """Set the process cap, and make the memory leaf if memory is capped (the command joins it)."""
+        if self.pids is not None:
+            # The supervisor itself is one of the tasks in the leaf.
+            _write(self.pids / "pids.max", str(max_procs + 1) if max_procs else "max")
+        if not max_memory:
+            return
+        for mount in sorted(_own_cgroups(), key=lambda m: m.version):
+            if mount.version == 1 and "memory" not in mount.controllers:
+                continue
+            if mount.version == 2 and not _enable(mount.directory, "memory"):
+                continue
+            leaf = self._make_leaf(mount)
+            memory_file = "memory.max" if mount.version == 2 else "memory.limit_in_bytes"
+            if leaf is not None and _write(leaf / memory_file, str(max_memory)):
+                if mount.version == 2:
+                    _write(leaf / "memory.swap.max", "0")
+                self.memory = (mount.version, leaf)
+                return
+
+    def _make_leaf(self, mount: _Mount) -> Path | None:
+        leaf = mount.directory / self._name
+        if leaf in self.versions:
+            return leaf  # one v2 leaf serves both controllers
+        _sweep_stale(mount.directory)
+        try:
+            leaf.mkdir()
+        except OSError:
+            return None
+        self.leaves.append(leaf)
+        self.versions[leaf] = mount.version
+        if mount.version == 2 and (leaf / "cgroup.kill").exists():
+            self.kill_file = leaf / "cgroup.kill"
+        return leaf
+
     def join(self) -> None:
-        """Move the calling process into every leaf. Runs in the command's pre-exec hook."""
+        """Move the calling process into the leaves it is not in yet. Runs in the command's pre-exec hook."""
         pid = str(os.getpid())
         for leaf in self.leaves:
-            _write(leaf / "cgroup.procs", pid)
+            if leaf not in self._joined:
+                _write(leaf / "cgroup.procs", pid)
 
     def kill(self) -> bool:
-        """SIGKILL every member at once (cgroup v2 only); False where that is not available."""
-        return self.kill_file is not None and _write(self.kill_file, "1")
+        """SIGKILL every member at once (cgroup v2); False where that is not available.
+
+        Not where the supervisor is a member itself: it would kill the supervisor too.
+        """
+        if self.kill_file is None or self.kill_file.parent in self._joined:
+            return False
+        return _write(self.kill_file, "1")
 
     def members(self) -> set[int]:
         pids: set[int] = set()
@@ -209,6 +238,8 @@ class CallGroup:
     def remove(self) -> None:
         """Remove the leaves; they must be empty, which takes the kernel a moment after the last reap."""
         for leaf in self.leaves:
+            if leaf in self._joined:
+                continue
             for _ in range(50):
                 try:
                     leaf.rmdir()
@@ -222,8 +253,9 @@ class CallGroup:
         """Which mechanism enforces what, for the record."""
         process_cap = f"cgroup{self.versions[self.pids]}" if self.pids else "sweep"
         memory_cap = f"cgroup{self.memory[0]}" if self.memory else "rlimit_as"
+        atomic = self.kill_file is not None and self.kill_file.parent not in self._joined
         return {
-            "kill": "cgroup2+sweep" if self.kill_file else "sweep",
+            "kill": "cgroup2+sweep" if atomic else "sweep",
             "process_cap": process_cap if max_procs else "none",
             "memory_cap": memory_cap if max_memory else "none",
         }

@@ -11,21 +11,22 @@ becomes one line on stderr and its class's exit code, in `main` and nowhere else
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import environment
 from .errors import TrialToolError, UsageError
-from .interrupts import InterruptWatch
-from .ledger import DEFAULT_LOCK_TIMEOUT
-from .limits import CLIP_MODES, Limits
+from .locking import DEFAULT_LOCK_TIMEOUT
 
+# Not typing.TYPE_CHECKING: importing typing costs ~6 ms, paid before the supervisor's
+# fork if done here (mypy treats any name TYPE_CHECKING as true).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Sequence
+    from typing import Any, NoReturn
+
+    from .limits import Limits
 
 SUBCOMMANDS = ("run", "init", "status", "verify")
 #: The ledger key, when not given by --key-file. Never passed to the command.
@@ -87,6 +88,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
     if command == "verify":
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
     if command in ("run", "init"):
+        from .limits import CLIP_MODES, Limits
+
         defaults = Limits()
         limits = parser.add_argument_group("limits (pinned when the trial is created)")
         for name, text in _LIMIT_HELP.items():
@@ -174,8 +177,6 @@ def _fast_run_args(flags: list[str]) -> SimpleNamespace | None:
                 values[name] = float(value)
             except ValueError:
                 return None
-        elif name == "clip" and value not in CLIP_MODES:
-            return None
         elif flag in _FAST_LISTS:
             values[name].append(value)
         else:
@@ -211,8 +212,6 @@ def _key(args: argparse.Namespace | SimpleNamespace) -> bytes | None:
 
 
 def _run(argv: list[str]) -> int:
-    from .trial import Trial
-
     command, flags, tool_argv = _split(argv)
     if command == "run" and "--" not in argv and not any(f in ("-h", "--help") for f in flags):
         raise UsageError("missing `--` before the command: trial-tool --state S --log L -- CMD ARGS...")
@@ -220,24 +219,34 @@ def _run(argv: list[str]) -> int:
     if command == "run":
         if not tool_argv:
             raise UsageError("no command after `--`")
-        trial = Trial(
-            args.state,
-            args.log,
-            limits=_overrides(args),
-            lock_timeout=args.lock_timeout,
-            rank_file=args.o200k_file,
-            key=_key(args),
-        )
-        env = dict(environment.parse_assignment(item) for item in args.env)
-        with InterruptWatch() as interrupt:
-            result = trial.run(
-                tool_argv,
-                cwd=args.cwd,
-                env=env,
-                unset_env=tuple(args.unset_env),
-                clean_env=args.clean_env,
-                interrupt=interrupt,
+        from .launcher import Launcher
+
+        # Fork the call's supervisor now, so that it gets ready (prctl, cgroup) while
+        # this process imports the rest of trialtool and reserves the call.
+        with Launcher(os.path.dirname(os.path.abspath(args.state))) as launcher:
+            from . import environment
+            from .interrupts import InterruptWatch
+            from .trial import Trial
+
+            trial = Trial(
+                args.state,
+                args.log,
+                limits=_overrides(args),
+                lock_timeout=args.lock_timeout,
+                rank_file=args.o200k_file,
+                key=_key(args),
             )
+            env = dict(environment.parse_assignment(item) for item in args.env)
+            with InterruptWatch() as interrupt:
+                result = trial.run(
+                    tool_argv,
+                    cwd=args.cwd,
+                    env=env,
+                    unset_env=tuple(args.unset_env),
+                    clean_env=args.clean_env,
+                    interrupt=interrupt,
+                    launcher=launcher,
+                )
         # Written as UTF-8 bytes: exactly the text that was counted, whatever the locale.
         sys.stdout.buffer.write(result.stdout.encode("utf-8"))
         sys.stdout.flush()
@@ -252,10 +261,16 @@ def _run(argv: list[str]) -> int:
         from .verify import render, verify
 
         report = verify(Path(args.state), Path(args.log), _key(args))
+        import json
+
         print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
         return 0 if report.ok else EXIT_VERIFY_FAILED
+    from .trial import Trial
+
     trial = Trial(args.state, args.log, limits=_overrides(args), lock_timeout=args.lock_timeout, key=_key(args))
     state = trial.init() if command == "init" else trial.status()
+    import json
+
     print(json.dumps(_describe(state), indent=2, sort_keys=True))
     return 0
 

@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 from . import audit, clock, fsio, liveness, records, statefile
 from .errors import BudgetExhausted, StateError, StorageError, TrialExists
 from .limits import FLAG_OF, Limits, check_pinned, from_overrides
+from .locking import DEFAULT_LOCK_TIMEOUT
 
-DEFAULT_LOCK_TIMEOUT = 30.0
 #: Record type of a log repair (a torn line cut off).
 REPAIR = "trial_tool_repair"
 

@@ -14,10 +14,16 @@ import errno
 import fcntl
 import os
 import time
-from pathlib import Path
-from types import TracebackType
 
 from .errors import LockTimeout, StorageError
+
+TYPE_CHECKING = False  # not typing's: see cli.py
+if TYPE_CHECKING:
+    from pathlib import Path
+    from types import TracebackType
+
+#: Seconds a call waits for the ledger lock before giving up (--lock-timeout).
+DEFAULT_LOCK_TIMEOUT = 30.0
 
 
 class LedgerLock:
@@ -92,4 +98,4 @@ class LedgerLock:
         self.release()
 
 
-__all__ = ["LedgerLock"]
+__all__ = ["DEFAULT_LOCK_TIMEOUT", "LedgerLock"]

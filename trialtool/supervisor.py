@@ -118,7 +118,7 @@ def _limits_for_exec(spec: Spec, group: CallGroup) -> list[tuple[int, tuple[int,
     return limits
 
 
-def serve(spools: tuple[Spool, Spool], result_fd: int, control_fd: int, parent_pid: int) -> NoReturn:
+def serve(spool_fds: tuple[int, int], result_fd: int, control_fd: int, parent_pid: int) -> NoReturn:
     """The supervisor's whole life; it reports on `result_fd` and exits, never returns.
 
     Forked before the call is reserved, it gets ready (subreaper, death signal,
@@ -129,18 +129,23 @@ def serve(spools: tuple[Spool, Spool], result_fd: int, control_fd: int, parent_p
     code = 1
     payload = b""
     try:
+        signals = _Signals(parent_pid)
         subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1)
         _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        signals = _Signals(parent_pid)
         if os.getppid() != parent_pid:
             os._exit(1)  # trial-tool died before the death signal was armed; nothing was started
+        # TRIALTOOL_CGROUPS=off forces the fallbacks (subreaper sweep, rlimits): for tests, and
+        # for hosts where touching cgroups is unwelcome.
+        use_cgroups = sys.platform.startswith("linux") and os.environ.get("TRIALTOOL_CGROUPS") != "off"
+        group = CallGroup.prepare() if use_cgroups else CallGroup()
+        # Loaded now, while trial-tool reserves the call, rather than after the orders.
+        import hashlib  # noqa: F401  (the spools hash what they keep)
         orders = _read_orders(control_fd, signals)
         if orders is None:
             os._exit(0)  # the call was refused or failed before it started
         spec = Spec(**orders)
-        for spool in spools:
-            spool.cap = spec.capture_cap
-        payload = json.dumps(_supervise(spec, spools, control_fd, signals, subreaper)).encode()
+        spools = (Spool(spool_fds[0], spec.capture_cap), Spool(spool_fds[1], spec.capture_cap))
+        payload = json.dumps(_supervise(spec, spools, control_fd, signals, subreaper, group)).encode()
         code = 0
     except BaseException as exc:
         # The one broad except: whatever failed, trial-tool must hear of it, and this
@@ -185,11 +190,9 @@ def _supervise(
     control_fd: int,
     signals: _Signals,
     subreaper: bool,
+    group: CallGroup,
 ) -> dict[str, Any]:
-    # TRIALTOOL_CGROUPS=off forces the fallbacks (subreaper sweep, rlimits): for tests, and
-    # for hosts where touching cgroups is unwelcome.
-    use_cgroups = sys.platform.startswith("linux") and os.environ.get("TRIALTOOL_CGROUPS") != "off"
-    group = CallGroup.create(spec.max_procs, spec.max_memory) if use_cgroups else CallGroup()
+    group.configure(spec.max_procs, spec.max_memory)
     try:
         return _run_command(spec, spools, control_fd, signals, group, subreaper)
     finally:

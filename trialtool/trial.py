@@ -20,6 +20,7 @@ from .errors import (
     UsageError,
 )
 from .interrupts import InterruptWatch
+from .launcher import Launcher
 from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .limits import FLAG_OF, Limits
 
@@ -117,6 +118,7 @@ class Trial:
         unset_env: tuple[str, ...] = (),
         clean_env: bool = False,
         interrupt: InterruptWatch | None = None,
+        launcher: Launcher | None = None,
     ) -> CallResult:
         """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
@@ -130,34 +132,12 @@ class Trial:
             raise UsageError(msg)
         command_env = environment.build(clean=clean_env, set_vars=env, unset=unset_env)
         self.ledger.ensure_directory()
-        # The supervisor is forked first and gets ready while the call is reserved.
-        with process.Launcher(self.ledger.state_path.parent) as launcher:
-            reservation = self.ledger.reserve(
-                self.overrides, argv, preflight=self._check_rank_file, supervisor=launcher.pid
-            )
-            limits = reservation.limits
-            started_wall = time.time()
-            deadline = time.monotonic() + reservation.run_seconds
-            try:
-                outcome = launcher.run(
-                    argv,
-                    deadline=deadline,
-                    capture_cap=limits.max_capture_bytes,
-                    kill_grace=limits.kill_grace,
-                    cwd=None if cwd is None else os.fspath(cwd),
-                    env=command_env,
-                    resources=process.Resources(
-                        max_memory=limits.max_memory,
-                        max_cpu_seconds=limits.max_cpu_seconds,
-                        max_file_size=limits.max_file_size,
-                        max_open_files=limits.max_open_files,
-                        max_procs=limits.max_procs,
-                    ),
-                    interrupt_fd=None if interrupt is None else interrupt.fd,
-                )
-            except TrialToolError as exc:
-                self._commit_failure(reservation, argv, started_wall, exc)
-                raise
+        if launcher is not None:
+            outcome, reservation, started_wall = self._reserve_and_run(argv, cwd, command_env, interrupt, launcher)
+        else:
+            # The supervisor is forked first and gets ready while the call is reserved.
+            with Launcher(str(self.ledger.state_path.parent)) as own:
+                outcome, reservation, started_wall = self._reserve_and_run(argv, cwd, command_env, interrupt, own)
         signum = None if interrupt is None else interrupt.signum
         try:
             return self._finish(reservation, argv, outcome, started_wall, signum)
@@ -166,6 +146,42 @@ class Trial:
             # reservation, in this process or another, records it as abandoned.
             self.ledger.abandon(reservation.sequence)
             raise
+
+    def _reserve_and_run(
+        self,
+        argv: list[str],
+        cwd: str | os.PathLike[str] | None,
+        command_env: dict[str, str],
+        interrupt: InterruptWatch | None,
+        launcher: Launcher,
+    ) -> tuple[process.Outcome, Reservation, float]:
+        reservation = self.ledger.reserve(
+            self.overrides, argv, preflight=self._check_rank_file, supervisor=launcher.pid
+        )
+        limits = reservation.limits
+        started_wall = time.time()
+        deadline = time.monotonic() + reservation.run_seconds
+        try:
+            outcome = launcher.run(
+                argv,
+                deadline=deadline,
+                capture_cap=limits.max_capture_bytes,
+                kill_grace=limits.kill_grace,
+                cwd=None if cwd is None else os.fspath(cwd),
+                env=command_env,
+                resources=process.Resources(
+                    max_memory=limits.max_memory,
+                    max_cpu_seconds=limits.max_cpu_seconds,
+                    max_file_size=limits.max_file_size,
+                    max_open_files=limits.max_open_files,
+                    max_procs=limits.max_procs,
+                ),
+                interrupt_fd=None if interrupt is None else interrupt.fd,
+            )
+        except TrialToolError as exc:
+            self._commit_failure(reservation, argv, started_wall, exc)
+            raise
+        return outcome, reservation, started_wall
 
     def _commit_failure(
         self, reservation: Reservation, argv: list[str], started_wall: float, exc: TrialToolError

@@ -1,0 +1,205 @@
+"""Fork the call's supervisor early, send it its orders, wait for its result.
+
+trial-tool forks a supervisor per call (supervisor.py) as soon as it knows where
+the trial lives, before it imports the rest of trialtool or reserves the call,
+so that the supervisor's set-up (prctl, its cgroup) overlaps that work. Hence
+this module imports nothing heavy at load time. Then it sends the orders and
+waits, in one `select` with no polling interval, for three things: the
+supervisor's result line, the supervisor's exit (a pidfd on Linux), and an
+interrupt descriptor (a signal wakeup pipe, from interrupts.py). An interrupt
+is passed on as a stop request; the supervisor then stops the tree and reports
+as usual, so an interrupted call is still recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .capture import open_unlinked
+from .errors import StorageError, TrialToolError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .process import Outcome, Resources
+
+
+class Launcher:
+    """A supervisor forked ahead of the call, getting ready while trial-tool reserves it.
+
+    Use as a context manager around the reservation: `run` sends the orders and
+    waits for the outcome; leaving without `run` (a refused call, an error) sends
+    EOF and the supervisor exits having started nothing.
+    """
+
+    def __init__(self, spool_dir: str) -> None:
+        self.spool_dir = spool_dir
+        self.pid = -1
+        self._result_r = self._control_w = -1
+        self.spools: tuple[int, int] | None = None
+
+    def __enter__(self) -> Launcher:
+        try:
+            os.makedirs(self.spool_dir, exist_ok=True)
+        except OSError as exc:
+            msg = f"cannot create directory {self.spool_dir}: {exc.strerror or exc}"
+            raise StorageError(msg) from exc
+        # The spools are opened before the fork, so that both sides share them.
+        try:
+            self.spools = (open_unlinked(self.spool_dir), open_unlinked(self.spool_dir))
+        except OSError as exc:
+            msg = f"cannot create an output spool in {self.spool_dir}: {exc.strerror or exc}"
+            raise StorageError(msg) from exc
+        self._result_r, result_w = os.pipe()
+        control_r, self._control_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        parent = os.getpid()
+        self.pid = os.fork()
+        if self.pid == 0:  # the supervisor
+            os.close(self._result_r)
+            os.close(self._control_w)
+            from .supervisor import serve
+
+            serve(self.spools, result_w, control_r, parent)
+        os.close(result_w)
+        os.close(control_r)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for fd in (self._result_r, self._control_w):
+            if fd >= 0:
+                os.close(fd)
+        self._result_r = self._control_w = -1
+        if self.pid > 0:
+            try:
+                os.waitpid(self.pid, 0)  # after EOF on its orders it exits at once
+            except ChildProcessError:
+                pass
+            self.pid = -1
+        for fd in self.spools or ():
+            os.close(fd)
+        self.spools = None
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        deadline: float,
+        capture_cap: int,
+        kill_grace: float,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        resources: Resources | None = None,
+        interrupt_fd: int | None = None,
+    ) -> Outcome:
+        """Run `argv` until it exits, reaches `deadline` (monotonic), overflows `capture_cap`, or is interrupted."""
+        import json
+
+        from .process import Resources, outcome
+        from .supervisor import Spec
+
+        assert self.spools is not None and self.pid > 0, "run() once, inside the with block"
+        spec = Spec(
+            argv=argv,
+            cwd=cwd,
+            env=env,
+            deadline=deadline,
+            capture_cap=capture_cap,
+            kill_grace=kill_grace,
+            **(resources or Resources())._asdict(),
+        )
+        _write_all(self._control_w, json.dumps(spec._asdict()).encode() + b"\n")
+        result = self._wait(interrupt_fd)
+        if "fatal" in result:
+            msg = f"the call's supervisor failed: {result['fatal']}"
+            raise TrialToolError(msg)
+        return outcome(result, self.spools, capture_cap)
+
+    def _wait(self, interrupt_fd: int | None) -> dict[str, Any]:
+        """The supervisor's result line; an interrupt on the way becomes a stop request."""
+        import json
+        import selectors
+        import signal
+
+        pid, self.pid = self.pid, -1
+        watch_fd = _pidfd(pid)
+        selector = selectors.DefaultSelector()
+        data = bytearray()
+        asked_to_stop = False
+        try:
+            selector.register(self._result_r, selectors.EVENT_READ)
+            if watch_fd >= 0:
+                selector.register(watch_fd, selectors.EVENT_READ)
+            if interrupt_fd is not None:
+                selector.register(interrupt_fd, selectors.EVENT_READ)
+            exited = watch_fd < 0  # without a pidfd, the result pipe's EOF is the signal
+            result_done = False
+            while not (result_done and exited):
+                for key, _ in selector.select():
+                    fd = int(key.fd)
+                    if fd == self._result_r:
+                        chunk = os.read(fd, 65536)
+                        if chunk:
+                            data += chunk
+                        else:
+                            result_done = True
+                            selector.unregister(fd)
+                    elif fd == watch_fd:
+                        exited = True
+                        selector.unregister(fd)
+                    elif fd == interrupt_fd:
+                        _drain(fd)
+                        if not asked_to_stop:
+                            os.write(self._control_w, b"s")
+                            asked_to_stop = True
+            os.waitpid(pid, 0)
+        except BaseException:
+            # Whatever went wrong here, the supervisor stops the tree; wait for it so
+            # nothing outlives the call, then let the error go on.
+            try:
+                os.kill(pid, signal.SIGTERM)
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            raise
+        finally:
+            selector.close()
+            if watch_fd >= 0:
+                os.close(watch_fd)
+        try:
+            parsed: dict[str, Any] = json.loads(bytes(data))
+        except ValueError as exc:
+            msg = "the call's supervisor died without reporting (killed from outside?)"
+            raise TrialToolError(msg) from exc
+        return parsed
+
+
+def _pidfd(pid: int) -> int:
+    """A descriptor readable when `pid` exits, or -1 (kernel older than 5.3, not Linux)."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return -1
+    try:
+        return int(pidfd_open(pid))
+    except OSError:
+        return -1
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 64):
+            pass
+    except BlockingIOError:
+        pass
+
+
+__all__ = ["Launcher"]
