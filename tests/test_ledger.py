@@ -137,9 +137,7 @@ def test_killed_wrapper_charges_its_call_and_is_recovered(trial: TrialFiles, mar
     try:
         # The command only starts after the reservation is written: its appearance is the event.
         # The supervisor is a fork of the wrapper (same command line); the command is its child.
-        assert wait_until(
-            lambda: [p for p in marked(marker) if wrapper.pid not in (p.pid, p.ppid())], timeout=30
-        )
+        assert wait_until(lambda: [p for p in marked(marker) if wrapper.pid not in (p.pid, p.ppid())], timeout=30)
     finally:
         wrapper.send_signal(signal.SIGKILL)
         wrapper.wait()

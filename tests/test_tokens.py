@@ -46,6 +46,12 @@ def test_counts_equal_tiktoken(encoder: Any, tiktoken_reference: Any, text: str)
     assert encoder.encode_ordinary(text) == tiktoken_reference.encode_ordinary(text)
 
 
+def test_official_ranks_are_in_order() -> None:
+    # tokens.RankFile.encoder counts ranks instead of parsing them; this is why it may.
+    fields = tokens.locate().read_bytes().split()
+    assert [int(rank) for rank in fields[1::2]] == list(range(len(fields) // 2))
+
+
 def test_wrong_hash_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "o200k_base.tiktoken"
     bad.write_bytes(tokens.locate().read_bytes()[:-10])

@@ -140,6 +140,7 @@ def serve(spool_fds: tuple[int, int], result_fd: int, control_fd: int, parent_pi
         group = CallGroup.prepare() if use_cgroups else CallGroup()
         # Loaded now, while trial-tool reserves the call, rather than after the orders.
         import hashlib  # noqa: F401  (the spools hash what they keep)
+
         orders = _read_orders(control_fd, signals)
         if orders is None:
             os._exit(0)  # the call was refused or failed before it started

@@ -125,8 +125,11 @@ class RankFile:
             import tiktoken
 
             fields = self._data.split()
-            # Each line is "<base64 token> <rank>"; a file that passed the hash check is well formed.
-            ranks = dict(zip(map(binascii.a2b_base64, fields[0::2]), map(int, fields[1::2]), strict=True))
+            # Each line is "<base64 token> <rank>". The file passed the hash check, so it is
+            # the official one, whose ranks are 0, 1, 2, ... in order (tests/test_tokens.py
+            # checks this): counting them saves parsing 200k integers (~50 ms).
+            tokens = fields[0::2]
+            ranks = dict(zip(map(binascii.a2b_base64, tokens), range(len(tokens)), strict=True))
             self._encoder = tiktoken.Encoding(
                 name=ENCODING_NAME,
                 pat_str=_PAT_STR,
