@@ -39,6 +39,21 @@ class TrialFiles:
         argv = [sys.executable, "-m", "trialtool", *args]
         return subprocess.run(argv, capture_output=True, timeout=timeout, env=env, **kwargs)
 
+    def argv(self, *rest: str) -> list[str]:
+        """The command line of `python -m trialtool` on this trial, then `rest`."""
+        return [sys.executable, "-m", "trialtool", "--state", str(self.state), "--log", str(self.log), *rest]
+
+    def parallel(self, argv: list[str], count: int, timeout: float = 100) -> list[tuple[int, bytes]]:
+        """Run `count` copies of `argv` at once; their exit codes and stdout. All are reaped."""
+        procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for _ in range(count)]
+        try:
+            outputs = [proc.communicate(timeout=timeout)[0] for proc in procs]
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+        return [(proc.returncode, out) for proc, out in zip(procs, outputs, strict=True)]
+
     def call(self, *command: str, flags: tuple[str, ...] = (), **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
         return self.cli("--state", str(self.state), "--log", str(self.log), *flags, "--", *command, **kwargs)
 

@@ -121,17 +121,7 @@ def test_signal_to_trial_tool_stops_and_records_the_call(
 ) -> None:
     started = fifo(tmp_path)
     script = f"{PY} -c 'import time; time.sleep(300)' {marker} & echo up > {started}; wait"
-    argv = [
-        sys.executable,
-        "-m",
-        "trialtool",
-        "--state",
-        str(trial.state),
-        "--log",
-        str(trial.log),
-        "--kill-grace",
-        "0.3",
-    ]
+    argv = trial.argv("--kill-grace", "0.3")
     wrapper = subprocess.Popen([*argv, "--", "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert read_line(started) == b"up\n"

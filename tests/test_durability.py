@@ -28,10 +28,6 @@ from .conftest import TrialFiles, marked
 EXAMPLES = int(os.environ.get("TRIALTOOL_HYPOTHESIS_EXAMPLES", "150"))
 
 
-def cli_argv(trial: TrialFiles, *rest: str) -> list[str]:
-    return [sys.executable, "-m", "trialtool", "--state", str(trial.state), "--log", str(trial.log), *rest]
-
-
 def assert_verified(trial: TrialFiles) -> dict[str, Any]:
     report = verify(trial.state, trial.log)
     assert report.ok, report.problems
@@ -42,16 +38,7 @@ def assert_verified(trial: TrialFiles) -> dict[str, Any]:
 def test_twenty_parallel_calls_against_twelve_overlap(trial: TrialFiles) -> None:
     assert trial.cli("init", "--state", str(trial.state), "--log", str(trial.log)).returncode == 0
     started = time.monotonic()
-    procs = [
-        subprocess.Popen(cli_argv(trial, "--", "sleep", "0.5"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(20)
-    ]
-    try:
-        codes = [proc.wait(timeout=100) for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    codes = [code for code, _ in trial.parallel(trial.argv("--", "sleep", "0.5"), 20)]
     wall = time.monotonic() - started
     assert sorted(codes) == [0] * 12 + [123] * 8
     assert wall < 12 * 0.5  # serial would take at least 6 s; parallel calls overlap
@@ -64,18 +51,8 @@ def test_a_call_waits_for_tokens_held_in_flight(trial: TrialFiles) -> None:
     # The first call to reserve holds all 10 tokens; the others wait for its unused ones.
     flags = ("--max-tokens", "10", "--max-call-tokens", "10")
     assert trial.cli("init", "--state", str(trial.state), "--log", str(trial.log), *flags).returncode == 0
-    procs = [
-        subprocess.Popen(cli_argv(trial, "--", "sh", "-c", "sleep 0.3; echo hi"), stdout=subprocess.PIPE)
-        for _ in range(3)
-    ]
-    try:
-        outputs = [proc.communicate(timeout=100)[0] for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    assert [proc.returncode for proc in procs] == [0, 0, 0]
-    assert outputs == [b"hi\n"] * 3
+    results = trial.parallel(trial.argv("--", "sh", "-c", "sleep 0.3; echo hi"), 3)
+    assert results == [(0, b"hi\n")] * 3
     state = assert_verified(trial)
     assert state["emitted_tokens"] == 6 and state["refused_calls"] == 0
 
@@ -91,7 +68,7 @@ def test_random_sigkills_refund_nothing_and_leave_a_verifiable_trial(trial: Tria
     script = f"echo x >> {ran}; echo {marker}"
     for _ in range(kills):
         proc = subprocess.Popen(
-            cli_argv(trial, "--", "sh", "-c", script), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            trial.argv("--", "sh", "-c", script), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         # Not synchronisation: the random moment of the kill is the point of the test.
         time.sleep(chooser.uniform(0.0, 0.25))
@@ -116,9 +93,7 @@ def test_log_append_failing_fails_closed(trial: TrialFiles) -> None:
     def small_files() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    done = subprocess.run(
-        cli_argv(trial, "--", "echo", "lost"), capture_output=True, preexec_fn=small_files, timeout=60
-    )
+    done = subprocess.run(trial.argv("--", "echo", "lost"), capture_output=True, preexec_fn=small_files, timeout=60)
     assert done.returncode == 125 and done.stdout == b""
     message = done.stderr.decode()
     assert message.count("\n") == 1 and "log.jsonl" in message and "too large" in message.lower()

@@ -91,27 +91,7 @@ def test_ledger_and_log_agree_after_any_sequence(
 @pytest.mark.timeout(120)
 def test_parallel_processes_never_exceed_the_call_cap(trial: TrialFiles) -> None:
     assert trial.cli("init", "--state", str(trial.state), "--log", str(trial.log), "--max-calls", "5").returncode == 0
-    argv = [
-        sys.executable,
-        "-m",
-        "trialtool",
-        "--state",
-        str(trial.state),
-        "--log",
-        str(trial.log),
-        "--",
-        "sleep",
-        "0.3",
-    ]
-    procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(9)]
-    try:
-        codes = [proc.wait(timeout=100) for proc in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-            assert proc.stderr is not None
-            proc.stderr.close()
+    codes = [code for code, _ in trial.parallel(trial.argv("--", "sleep", "0.3"), 9)]
     assert sorted(codes) == [0] * 5 + [123] * 4
     state = check_ledger(trial.state, trial.log)
     assert state["calls"] == 5 and state["refused_calls"] == 4
@@ -120,19 +100,7 @@ def test_parallel_processes_never_exceed_the_call_cap(trial: TrialFiles) -> None
 @pytest.mark.timeout(60)
 def test_killed_wrapper_charges_its_call_and_is_recovered(trial: TrialFiles, marker: str) -> None:
     script = f"{sys.executable} -c 'import time; time.sleep(300)' {marker}"
-    argv = [
-        sys.executable,
-        "-m",
-        "trialtool",
-        "--state",
-        str(trial.state),
-        "--log",
-        str(trial.log),
-        "--",
-        "sh",
-        "-c",
-        script,
-    ]
+    argv = trial.argv("--", "sh", "-c", script)
     wrapper = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # The command only starts after the reservation is written: its appearance is the event.
