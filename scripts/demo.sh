@@ -35,6 +35,9 @@ run -- echo "a fifth call"        # refused: the 4 calls are spent, exit 123
 echo "== state ($state)"
 "$tool" status --state "$state" --log "$log"
 echo
+echo "== verify: the chain, every record's totals, and the state"
+"$tool" verify --state "$state" --log "$log"
+echo
 echo "== log ($log): one record a call, each chained to the one before"
 .venv/bin/python - "$log" <<'PY'
 import json, sys
