@@ -26,7 +26,7 @@ def tiktoken_reference(tmp_path_factory: pytest.TempPathFactory) -> Any:
     import tiktoken
 
     cache = tmp_path_factory.mktemp("tiktoken-cache")
-    shutil.copyfile(tokens.locate(), cache / tokens.tiktoken_cache_path().name)
+    shutil.copyfile(tokens.locate(), cache / Path(tokens.tiktoken_cache_path()).name)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
         return tiktoken.get_encoding("o200k_base")
@@ -48,13 +48,13 @@ def test_counts_equal_tiktoken(encoder: Any, tiktoken_reference: Any, text: str)
 
 def test_official_ranks_are_in_order() -> None:
     # tokens.RankFile.encoder counts ranks instead of parsing them; this is why it may.
-    fields = tokens.locate().read_bytes().split()
+    fields = Path(tokens.locate()).read_bytes().split()
     assert [int(rank) for rank in fields[1::2]] == list(range(len(fields) // 2))
 
 
 def test_wrong_hash_is_refused(tmp_path: Path) -> None:
     bad = tmp_path / "o200k_base.tiktoken"
-    bad.write_bytes(tokens.locate().read_bytes()[:-10])
+    bad.write_bytes(Path(tokens.locate()).read_bytes()[:-10])
     with pytest.raises(EncoderError, match="expected 446a9538"):
         tokens.RankFile(bad)
 
@@ -69,8 +69,8 @@ def test_tiktoken_cache_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         tmp_path / hashlib.sha1(b"https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken").hexdigest()
     )
     shutil.copyfile(bundled, cached)
-    assert tokens.locate() == cached
-    tokens.RankFile(cached)  # and it passes the hash check
+    assert Path(tokens.locate()) == cached
+    tokens.RankFile(str(cached))  # and it passes the hash check
 
 
 NO_NETWORK = textwrap.dedent(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from . import fsio
@@ -59,7 +58,7 @@ def encode(record: dict[str, Any]) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
-def append(path: Path, record: dict[str, Any], head: LogHead, chain: Chain) -> LogHead:
+def append(path: str, record: dict[str, Any], head: LogHead, chain: Chain) -> LogHead:
     """Chain `record` onto `head`, append it durably, and return the new head."""
     record["prev_hash"] = head.head
     line = encode(record)
@@ -79,7 +78,7 @@ class Tail(NamedTuple):
 _PREV = b'"prev_hash":"'
 
 
-def read_tail(path: Path, head: LogHead, chain: Chain) -> Tail:
+def read_tail(path: str, head: LogHead, chain: Chain) -> Tail:
     """Walk the whole chain up to the state's head; return the last known record and anything beyond.
 
     Every line's `prev_hash` must be the digest of the line before, and the last
@@ -128,7 +127,7 @@ def read_tail(path: Path, head: LogHead, chain: Chain) -> Tail:
     return Tail(json.loads(known[head.last_offset : -1]), extra)
 
 
-def lines(path: Path) -> list[bytes]:
+def lines(path: str) -> list[bytes]:
     """Every line of the log, newline included on all but perhaps a torn last one."""
     try:
         with open(path, "rb") as handle:

@@ -261,11 +261,9 @@ def _run(argv: list[str]) -> int:
     if tool_argv:
         raise UsageError(f"`trial-tool {command}` takes no command")
     if command == "verify":
-        from pathlib import Path
-
         from .verify import render, verify
 
-        report = verify(Path(args.state), Path(args.log), _key(args))
+        report = verify(args.state, args.log, _key(args))
         import json
 
         print(json.dumps(report.as_json(), indent=2) if args.json else render(report))

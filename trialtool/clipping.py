@@ -158,4 +158,4 @@ def deliver(
     return delivered_out, delivered_err
 
 
-__all__ = ["Encoder", "StreamDelivery", "deliver", "notice"]
+__all__ = ["StreamDelivery", "deliver", "notice"]

@@ -9,17 +9,16 @@ as StorageError naming the file and the step.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from .errors import StorageError
 
 
-def _fail(step: str, path: Path, exc: OSError) -> StorageError:
+def _fail(step: str, path: str, exc: OSError) -> StorageError:
     reason = exc.strerror or str(exc)
     return StorageError(f"cannot {step} {path}: {reason}")
 
 
-def read_bytes(path: Path) -> bytes | None:
+def read_bytes(path: str) -> bytes | None:
     """The file's bytes, or None when it does not exist."""
     try:
         with open(path, "rb") as handle:
@@ -30,7 +29,7 @@ def read_bytes(path: Path) -> bytes | None:
         raise _fail("read", path, exc) from exc
 
 
-def fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: str) -> None:
     """Make a rename or a file creation in `directory` durable."""
     try:
         fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -51,12 +50,13 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: str, data: bytes) -> None:
     """Replace `path` with `data` so that a crash leaves the old file or the new, never a mix.
 
     Temp file in the same directory, write, fsync, os.replace, fsync the directory.
     """
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    directory, name = os.path.split(path)
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except OSError as exc:
@@ -77,10 +77,10 @@ def atomic_write(path: Path, data: bytes) -> None:
         except OSError:
             pass  # the original error is the one worth reporting
         raise _fail(step, path if step == "replace" else temporary, exc) from exc
-    fsync_directory(path.parent)
+    fsync_directory(directory or ".")
 
 
-def append(path: Path, data: bytes) -> int:
+def append(path: str, data: bytes) -> int:
     """Append `data` to `path` (created if missing) and fsync it; return the new size.
 
     On failure the file is cut back to its old size, so that a failed append leaves
@@ -110,11 +110,11 @@ def append(path: Path, data: bytes) -> int:
     finally:
         os.close(fd)
     if created:
-        fsync_directory(path.parent)
+        fsync_directory(os.path.dirname(path) or ".")
     return new_size
 
 
-def truncate(path: Path, size: int) -> None:
+def truncate(path: str, size: int) -> None:
     """Cut `path` back to `size` bytes, durably (repairing a torn append)."""
     try:
         fd = os.open(path, os.O_WRONLY)

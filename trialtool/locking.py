@@ -19,7 +19,6 @@ from .errors import LockTimeout, StorageError
 
 TYPE_CHECKING = False  # not typing's: see cli.py
 if TYPE_CHECKING:
-    from pathlib import Path
     from types import TracebackType
 
 #: Seconds a call waits for the ledger lock before giving up (--lock-timeout).
@@ -29,7 +28,7 @@ DEFAULT_LOCK_TIMEOUT = 30.0
 class LedgerLock:
     """Exclusive, non-reentrant lock on `path`; use as a context manager."""
 
-    def __init__(self, path: Path, timeout: float) -> None:
+    def __init__(self, path: str, timeout: float) -> None:
         self.path = path
         self.timeout = timeout
         self._fd: int | None = None

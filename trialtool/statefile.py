@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from . import audit, clock
@@ -69,7 +68,7 @@ def encode(state: dict[str, Any], chain: audit.Chain) -> bytes:
     return json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
 
 
-def decode(raw: bytes, path: Path, chain: audit.Chain) -> dict[str, Any]:
+def decode(raw: bytes, path: str, chain: audit.Chain) -> dict[str, Any]:
     """The validated state, or StateError naming what is wrong."""
     try:
         data = json.loads(raw)
@@ -127,7 +126,7 @@ def decode(raw: bytes, path: Path, chain: audit.Chain) -> dict[str, Any]:
     return data
 
 
-def check_against_log(state: dict[str, Any], last: dict[str, Any] | None, path: Path) -> None:
+def check_against_log(state: dict[str, Any], last: dict[str, Any] | None, path: str) -> None:
     """The state's counters must be those the last record states (or zero for an empty log)."""
     expected = totals(state)
     stated = last.get("ledger_after") if last is not None else dict.fromkeys(expected, 0)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import EncoderError
@@ -32,7 +31,7 @@ ENCODING_NAME = "o200k_base"
 EXPECTED_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 RANK_FILE_ENV = "TRIALTOOL_O200K_FILE"
 _DOWNLOAD_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
-_BUNDLED = Path(__file__).with_name("data") / "o200k_base.tiktoken"
+_BUNDLED = os.path.join(os.path.dirname(__file__), "data", "o200k_base.tiktoken")
 
 # The o200k_base split pattern and special tokens, as tiktoken_ext/openai_public.py
 # defines them. tiktoken offers no way to get them without loading (and so
@@ -57,36 +56,36 @@ _FIX = (
 )
 
 
-def tiktoken_cache_path() -> Path:
+def tiktoken_cache_path() -> str:
     """Where tiktoken would cache the o200k_base file on this machine."""
     cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
     if not cache_dir:
         import tempfile  # only on this fallback path: it costs ~6 ms to import
 
         cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    return Path(cache_dir) / hashlib.sha1(_DOWNLOAD_URL.encode()).hexdigest()
+    return os.path.join(cache_dir, hashlib.sha1(_DOWNLOAD_URL.encode()).hexdigest())
 
 
-def locate(rank_file: str | os.PathLike[str] | None = None) -> Path:
+def locate(rank_file: str | os.PathLike[str] | None = None) -> str:
     """The rank file to use, by the order in the module docstring; EncoderError if none."""
     explicit = rank_file if rank_file is not None else os.environ.get(RANK_FILE_ENV)
     if explicit:
-        path = Path(explicit)
-        if not path.is_file():
+        path = os.fspath(explicit)
+        if not os.path.isfile(path):
             msg = f"o200k_base rank file {path} does not exist; {_FIX}"
             raise EncoderError(msg)
         return path
-    if _BUNDLED.is_file():
-        return _BUNDLED
+    if os.path.isfile(_BUNDLED):
+        return os.fspath(_BUNDLED)
     cached = tiktoken_cache_path()
-    if cached.is_file():
+    if os.path.isfile(cached):
         return cached
     msg = f"no o200k_base rank file: the bundled copy {_BUNDLED} is missing and tiktoken's cache {cached} is empty"
     msg += f"; {_FIX}"
     raise EncoderError(msg)
 
 
-def stamp(path: Path) -> list[int]:
+def stamp(path: str) -> list[int]:
     """What changes whenever the file's bytes do: device, inode, size, mtime and ctime.
 
     ctime cannot be set back by an unprivileged process, so a file verified once
@@ -104,10 +103,11 @@ def stamp(path: Path) -> list[int]:
 class RankFile:
     """The verified bytes of an o200k_base rank file; `encoder()` builds and memoises the encoder."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
         try:
-            self._data = path.read_bytes()
+            with open(path, "rb") as handle:
+                self._data = handle.read()
         except OSError as exc:
             msg = f"cannot read o200k_base rank file {path}: {exc.strerror or exc}; {_FIX}"
             raise EncoderError(msg) from exc

@@ -8,7 +8,6 @@ import hashlib
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from . import clipping, clock, environment, process, records, tokens
@@ -76,10 +75,10 @@ class Trial:
         rank_file: str | os.PathLike[str] | None = None,
         key: bytes | None = None,
     ) -> None:
-        self.ledger = Ledger(Path(state_path), Path(log_path), lock_timeout=lock_timeout, key=key)
+        self.ledger = Ledger(state_path, log_path, lock_timeout=lock_timeout, key=key)
         self.overrides = dict(limits or {})
         self._rank_file = rank_file
-        self._rank_path: Path | None = None
+        self._rank_path: str | None = None
         self._ranks: tokens.RankFile | None = None
 
     def init(self) -> dict[str, Any]:
@@ -136,7 +135,7 @@ class Trial:
             outcome, reservation, started_wall = self._reserve_and_run(argv, cwd, command_env, interrupt, launcher)
         else:
             # The supervisor is forked first and gets ready while the call is reserved.
-            with Launcher(str(self.ledger.state_path.parent)) as own:
+            with Launcher(self.ledger.directory) as own:
                 outcome, reservation, started_wall = self._reserve_and_run(argv, cwd, command_env, interrupt, own)
         signum = None if interrupt is None else interrupt.signum
         try:

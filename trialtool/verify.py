@@ -9,7 +9,7 @@ the first record (or the state) where the numbers stop adding up.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 from typing import Any, NamedTuple
 
 from . import audit, fsio, records, statefile
@@ -41,8 +41,9 @@ class Report(NamedTuple):
         }
 
 
-def verify(state_path: Path, log_path: Path, key: bytes | None = None) -> Report:
+def verify(state_path: str | os.PathLike[str], log_path: str | os.PathLike[str], key: bytes | None = None) -> Report:
     """Check the trial at `state_path` and `log_path`; never raises for what it finds."""
+    state_path, log_path = os.fspath(state_path), os.fspath(log_path)
     chain = audit.Chain(key)
     problems: list[Problem] = []
     totals = {"charged_calls": 0, "emitted_tokens": 0, "refused_calls": 0}
@@ -99,7 +100,7 @@ def verify(state_path: Path, log_path: Path, key: bytes | None = None) -> Report
 
 
 def _check_state(
-    state_path: Path,
+    state_path: str,
     chain: audit.Chain,
     problems: list[Problem],
     count: int,
