@@ -11,6 +11,12 @@ import os
 
 from .errors import StorageError
 
+TYPE_CHECKING = False  # not typing's: see cli.py
+if TYPE_CHECKING:
+    import selectors
+
+_READ_SIZE = 65536
+
 #: SHA-256 of nothing: the hash of an empty stream.
 EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
@@ -73,6 +79,37 @@ class Spool:
     def sha256(self) -> str:
         """SHA-256 of the kept bytes."""
         return self._hash.hexdigest()
+
+    def read_once(self, fd: int, selector: selectors.BaseSelector) -> bool:
+        """Move one read's worth of pipe `fd` into the spool; False once it is over its cap.
+
+        One read per wake-up, so a writer faster than us cannot keep the supervisor
+        from its deadline. At EOF the pipe leaves `selector`.
+        """
+        try:
+            data = os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            return not self.full
+        if data:
+            self.feed(data)
+        else:
+            selector.unregister(fd)
+        return not self.full
+
+    def drain(self, fd: int, selector: selectors.BaseSelector) -> None:
+        """Read what pipe `fd` holds until it is empty or closed, or the spool is over its cap.
+
+        Bounded even if something kept writing: it stops at the cap.
+        """
+        while fd in selector.get_map() and not self.full:
+            try:
+                data = os.read(fd, _READ_SIZE)
+            except BlockingIOError:
+                return
+            if data:
+                self.feed(data)
+            else:
+                selector.unregister(fd)
 
 
 __all__ = ["EMPTY_SHA256", "Spool", "open_unlinked"]

@@ -18,21 +18,17 @@ torn line off and logs the repair. Anything else that disagrees fails closed.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
-import signal
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from . import audit, clock, fsio, liveness, records, statefile
+from . import audit, clock, fsio, liveness, mending, records, statefile
 from .errors import BudgetExhausted, StateError, StorageError, TrialExists
 from .limits import FLAG_OF, Limits, check_pinned, from_overrides
 from .locking import DEFAULT_LOCK_TIMEOUT
 
-#: Record type of a log repair (a torn line cut off).
-REPAIR = "trial_tool_repair"
+REPAIR = mending.REPAIR
 
 
 class Reservation(NamedTuple):
@@ -131,24 +127,9 @@ class Ledger:
             raise StorageError(msg) from exc
         return statefile.new(limits, self.chain)
 
-    def _sweep_temporaries(self) -> None:
-        """Remove temp files of state writes cut short by a crash (their writer is dead)."""
-        prefix = f".{os.path.basename(self.state_path)}."
-        try:
-            names = [name for name in os.listdir(self.directory) if name.startswith(prefix)]
-        except OSError:
-            return
-        for name in names:
-            parts = name[len(prefix) :].split(".")
-            if len(parts) == 3 and parts[2] == "tmp" and parts[0].isdigit() and liveness.token(int(parts[0])) is None:
-                try:
-                    os.unlink(os.path.join(self.directory, name))
-                except OSError:
-                    pass  # gone already, or not ours to remove
-
     def _open(self, overrides: dict[str, Any], *, create: bool) -> dict[str, Any]:
         """The state, checked against its log (and mended after a crash). Under the lock."""
-        self._sweep_temporaries()
+        mending.sweep_temporaries(self.state_path)
         state = self.load()
         if state is None:
             if not create:
@@ -170,24 +151,13 @@ class Ledger:
             # A torn append: the writer died mid-line. Cut it off and say so in the log.
             head: audit.LogHead = state["log"]
             fsio.truncate(self.log_path, head.bytes)
-            now = time.time()
-            record = {
-                "record_type": REPAIR,
-                "record_version": records.RECORD_VERSION,
-                "trial_id": state["trial_id"],
-                "status": "log_repaired",
-                "charged": False,
-                "removed_bytes": len(torn),
-                "removed_sha256": hashlib.sha256(torn).hexdigest(),
-                "removed_b64": base64.b64encode(torn).decode("ascii"),
-                "at_utc": clock.utc(now),
-            }
+            record = mending.repair_record(state["trial_id"], torn)
             self._append(state, record)
             self._write(state)
             return record
         lines = complete.split(b"\n") if complete else []
         if len(lines) == 1 and not torn:
-            record = self._roll_forward(state, lines[0])
+            record = mending.roll_forward(state, lines[0], self.chain, self.log_path)
             self._write(state)
             return record
         msg = (
@@ -195,29 +165,6 @@ class Ledger:
             "more than one crash can leave; run `trial-tool verify`"
         )
         raise StateError(msg)
-
-    def _roll_forward(self, state: dict[str, Any], line: bytes) -> dict[str, Any]:
-        """Apply the one record appended before a crash kept the state from being replaced."""
-        import json
-
-        head: audit.LogHead = state["log"]
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict) or record.get("prev_hash") != head.head:
-            msg = f"log {self.log_path}: a record beyond the state is not chained to it; run `trial-tool verify`"
-            raise StateError(msg)
-        if record.get("status") in records.REFUSED:
-            state["refused_calls"] += 1
-        elif record.get("charged"):
-            state["in_flight"].pop(str(record.get("sequence")), None)
-            state["emitted_tokens"] += int(record.get("delivered_emitted_tokens") or 0)
-        if record.get("ledger_after") != statefile.totals(state):
-            msg = f"log {self.log_path}: the record beyond the state does not follow from it; run `trial-tool verify`"
-            raise StateError(msg)
-        state["log"] = audit.LogHead(head.records + 1, head.bytes + len(line) + 1, self.chain.digest(line), head.bytes)
-        return record
 
     # -- the operations ------------------------------------------------------
 
@@ -377,7 +324,7 @@ class Ledger:
             if int(key) not in self._abandoned and liveness.alive(pid, entry.get("pid_token")):
                 continue  # its owner is alive and still running it
             self._abandoned.discard(int(key))
-            killed = _stop_leftovers(entry)
+            killed = mending.stop_leftovers(entry)
             now = time.time()
             record = records.abandoned(
                 trial_id=state["trial_id"],
@@ -403,21 +350,6 @@ def _refusal(state: dict[str, Any], limits: Limits, elapsed: float) -> tuple[str
     if elapsed >= limits.trial_timeout:
         return "task_timeout_seconds", f"the trial's {limits.trial_timeout:g} s are spent ({FLAG_OF['trial_timeout']})"
     return None
-
-
-def _stop_leftovers(entry: dict[str, Any]) -> int:
-    """Stop what an abandoned call left running; return how many processes were killed."""
-    supervisor = entry.get("supervisor")
-    if not isinstance(supervisor, int):
-        return 0
-    if liveness.alive(supervisor, entry.get("supervisor_token")):
-        try:
-            os.kill(supervisor, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    from .cgroups import kill_leftovers
-
-    return kill_leftovers(supervisor)
 
 
 __all__ = ["DEFAULT_LOCK_TIMEOUT", "REPAIR", "Ledger", "Reservation"]

@@ -13,17 +13,35 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
-from typing import NamedTuple
 
 # CPython ignores these at start-up; ignored dispositions survive exec, so the
 # command would inherit them (SIGPIPE ignored breaks `yes | head`).
 _RESTORE = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ", "SIGXFZ") if hasattr(signal, name))
 
 
-class Child(NamedTuple):
-    pid: int
-    stdout: int
-    stderr: int
+class Child:
+    """The started command: its pid and the read ends of its stdout and stderr pipes."""
+
+    def __init__(self, pid: int, stdout: int, stderr: int) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code (negative: the signal that killed it) once it has exited; never blocks."""
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        """Reap the command and return its exit code (negative: the signal that killed it)."""
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 def spawn(

@@ -33,7 +33,6 @@ from .capture import Spool
 from .cgroups import CallGroup
 from .spawn import spawn
 
-_READ_SIZE = 65536
 #: exec errors that mean "found, but cannot be run" (exit 126).
 _NOT_EXECUTABLE = frozenset(
     {errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG}
@@ -274,7 +273,7 @@ def _run_command(
                 _kill_tree(pgid, group)
                 stop_signal = signal.SIGKILL
                 kill_at = float("inf")
-            if watch_fd < 0 and _exited(child.pid) is not None:
+            if watch_fd < 0 and child.poll() is not None:
                 exited_at = now  # no pidfd (not Linux): the short wake-ups below notice the exit
                 break
             wakes = [spec.deadline if kill_at is None else kill_at]
@@ -294,16 +293,16 @@ def _run_command(
                     stop("interrupted", spec.kill_grace)
                 elif fd == signals.read_fd:
                     signals.drain()
-                elif not _read_once(fd, pipes[fd], selector):
+                elif not pipes[fd].read_once(fd, selector):
                     stop("output_limit", spec.kill_grace)
-        returncode = _wait(child.pid)
+        returncode = child.wait()
         # The command is gone. End what it left, then take what was already written.
         known = reaper.living_descendants()
         _kill_tree(pgid, group)
         killed, survivors = reaper.kill_all(known)
         for fd, spool in pipes.items():
             if fd in selector.get_map():
-                _drain(fd, spool, selector)
+                spool.drain(fd, selector)
     finally:
         selector.close()
         if watch_fd >= 0:
@@ -333,26 +332,6 @@ def _run_command(
     }
 
 
-_exit_status: dict[int, int] = {}
-
-
-def _exited(pid: int) -> int | None:
-    """The command's exit code (negative: killed by that signal) once it has exited, without blocking."""
-    if pid not in _exit_status:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done == 0:
-            return None
-        _exit_status[pid] = os.waitstatus_to_exitcode(status)
-    return _exit_status[pid]
-
-
-def _wait(pid: int) -> int:
-    if pid not in _exit_status:
-        _, status = os.waitpid(pid, 0)
-        _exit_status[pid] = os.waitstatus_to_exitcode(status)
-    return _exit_status[pid]
-
-
 def _signal_tree(pgid: int, sig: int) -> None:
     """Signal the command's group and every other descendant (those that left the group)."""
     try:
@@ -367,38 +346,6 @@ def _signal_tree(pgid: int, sig: int) -> None:
 def _kill_tree(pgid: int, group: CallGroup) -> None:
     group.kill()
     _signal_tree(pgid, signal.SIGKILL)
-
-
-def _read_once(fd: int, spool: Spool, selector: selectors.BaseSelector) -> bool:
-    """Move one read's worth of `fd` into `spool`; False once the spool is over its cap.
-
-    One read per wake-up, so a writer faster than us cannot keep us from the deadline.
-    """
-    try:
-        data = os.read(fd, _READ_SIZE)
-    except BlockingIOError:
-        return not spool.full
-    if data:
-        spool.feed(data)
-    else:
-        selector.unregister(fd)
-    return not spool.full
-
-
-def _drain(fd: int, spool: Spool, selector: selectors.BaseSelector) -> None:
-    """Read what `fd` holds until it is empty or closed, or the spool is over its cap.
-
-    Bounded even if something kept writing: it stops at the cap.
-    """
-    while fd in selector.get_map() and not spool.full:
-        try:
-            data = os.read(fd, _READ_SIZE)
-        except BlockingIOError:
-            return
-        if data:
-            spool.feed(data)
-        else:
-            selector.unregister(fd)
 
 
 __all__ = ["Spec", "serve"]
