@@ -63,6 +63,10 @@ class Trial:
 
     `limits` are the values passed for this use; at creation they are pinned,
     afterwards any that differ from the pinned ones make every call fail.
+
+    `run` forks the call's supervisor from the calling process, so call it from
+    a process without other threads (forking a threaded process is unsafe); the
+    CLI is such a process.
     """
 
     def __init__(
@@ -123,6 +127,9 @@ class Trial:
 
         `env` adds or replaces variables, `unset_env` removes them, `clean_env`
         starts from a minimal set; TRIALTOOL_* variables never reach the command.
+        `interrupt` turns SIGINT/SIGTERM/SIGHUP into a stop of the command (status
+        `interrupted`); `launcher` is a supervisor forked earlier by the caller (the
+        CLI forks it before importing this module), else one is forked here.
         """
         if not argv:
             raise UsageError("no command given")
