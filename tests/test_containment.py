@@ -213,6 +213,30 @@ def test_process_limit(trial: TrialFiles, marker: str, containment_env: dict[str
     assert marked(marker) == []
 
 
+@pytest.mark.timeout(60)
+def test_process_limit_when_the_command_outlives_its_failed_forks(
+    trial: TrialFiles, marker: str, containment_env: dict[str, str]
+) -> None:
+    # Unlike dash, this parent shrugs off the refused forks and waits on, until the deadline.
+    code = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        kids = []
+        for _ in range(40):
+            try:
+                kids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", {marker!r}]))
+            except OSError:
+                pass
+        time.sleep(300)
+        """
+    )
+    flags = ("--max-procs", "8", "--call-timeout", "3")
+    done = trial.call(PY, "-c", code, marker, flags=flags, env=containment_env)
+    assert done.returncode == 124
+    assert trial.records()[-1]["status"] == "process_limit", done.stderr
+    assert marked(marker) == []
+
+
 def test_open_files_and_core_limits_reach_the_command(trial: TrialFiles) -> None:
     code = "import resource as r; print(r.getrlimit(r.RLIMIT_NOFILE)[0], r.getrlimit(r.RLIMIT_CORE)[0])"
     done, _ = _limit_call(trial, code, "--max-open-files", "64")

@@ -329,6 +329,10 @@ def _judge(
     if ended == "deadline":
         flag = FLAG_OF["call_timeout" if reservation.deadline_kind == "call" else "trial_timeout"]
         what = f"stopped at the {reservation.run_seconds:.3g} s {reservation.deadline_kind} deadline ({flag})"
+        if outcome.process_cap_hit:
+            # The cap refused its forks and it waited on until the deadline: the cap is the cause.
+            what += f" after hitting the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
+            return "process_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
         return "timeout", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
     if ended == "output_limit":
         stream = "stdout" if stdout_cut else "stderr"
