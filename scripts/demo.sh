@@ -14,7 +14,9 @@ state=$trial/state.json
 log=$trial/log.jsonl
 
 run() {
-  echo "\$ trial-tool --state $state --log $log $*"
+  printf '$ trial-tool --state %s --log %s' "$state" "$log"
+  printf ' %q' "$@"
+  echo
   set +e
   "$tool" --state "$state" --log "$log" "$@"
   code=$?
