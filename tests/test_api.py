@@ -54,3 +54,20 @@ def test_import_has_no_heavy_side_effects() -> None:
     code = "import sys, trialtool; print(sorted(m for m in ('tiktoken', 'psutil', 'filelock') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_call_with_no_output_imports_nothing_heavy(tmp_path: object) -> None:
+    # The per-call budget (issue 2's bench) depends on these staying out of trial-tool's
+    # own process: each costs 5-40 ms to import here.
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)  # an editable install's finder may have loaded pathlib already\n"
+        "from trialtool import cli\n"
+        f"sys.argv = ['trial-tool', '--state', '{tmp_path}/s.json', '--log', '{tmp_path}/l.jsonl', '--', 'true']\n"
+        "assert cli.main() == 0\n"
+        "heavy = ('argparse', 'pathlib', 'subprocess', 'ctypes', 'tiktoken', 'psutil', 'filelock', 'dataclasses')\n"
+        "print(sorted(m for m in heavy if m in sys.modules and m not in before))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

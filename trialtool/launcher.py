@@ -99,19 +99,20 @@ class Launcher:
         import json
 
         from .process import Resources, outcome
-        from .supervisor import Spec
 
         assert self.spools is not None and self.pid > 0, "run() once, inside the with block"
-        spec = Spec(
-            argv=argv,
-            cwd=cwd,
-            env=env,
-            deadline=deadline,
-            capture_cap=capture_cap,
-            kill_grace=kill_grace,
+        # The fields of supervisor.Spec, which only the supervisor imports (it pulls in
+        # the cgroup code, which this side never needs).
+        orders = {
+            "argv": argv,
+            "cwd": cwd,
+            "env": env,
+            "deadline": deadline,
+            "capture_cap": capture_cap,
+            "kill_grace": kill_grace,
             **(resources or Resources())._asdict(),
-        )
-        _write_all(self._control_w, json.dumps(spec._asdict()).encode() + b"\n")
+        }
+        _write_all(self._control_w, json.dumps(orders).encode() + b"\n")
         result = self._wait(interrupt_fd)
         if "fatal" in result:
             msg = f"the call's supervisor failed: {result['fatal']}"
