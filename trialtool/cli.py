@@ -217,11 +217,13 @@ def _key(args: argparse.Namespace | SimpleNamespace) -> bytes | None:
 def _run(argv: list[str]) -> int:
     command, flags, tool_argv = _split(argv)
     if command == "run" and "--" not in argv and not any(f in ("-h", "--help") for f in flags):
-        raise UsageError("missing `--` before the command: trial-tool --state S --log L -- CMD ARGS...")
+        msg = "missing `--` before the command: trial-tool --state S --log L -- CMD ARGS..."
+        raise UsageError(msg)
     args = (_fast_run_args(flags) if command == "run" else None) or _parser(command).parse_args(flags)
     if command == "run":
         if not tool_argv:
-            raise UsageError("no command after `--`")
+            msg = "no command after `--`"
+            raise UsageError(msg)
         from .launcher import Launcher
 
         # Fork the call's supervisor now, so that it gets ready (prctl, cgroup) while

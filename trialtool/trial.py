@@ -132,7 +132,8 @@ class Trial:
         CLI forks it before importing this module), else one is forked here.
         """
         if not argv:
-            raise UsageError("no command given")
+            msg = "no command given"
+            raise UsageError(msg)
         if cwd is not None and not os.path.isdir(cwd):
             msg = f"--cwd {os.fspath(cwd)} is not a directory"
             raise UsageError(msg)
