@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +92,28 @@ def test_head_clip_mode(trial: TrialFiles) -> None:
     done = trial.call("seq", "1", "1000", flags=("--max-call-tokens", "20", "--clip", "head"))
     assert done.returncode == 0
     assert b"1\n2\n3\n".startswith(done.stdout[:6]) and b"clipped" not in done.stdout
+
+
+@pytest.mark.timeout(60)
+def test_interrupt_arriving_with_the_orders_stops_the_command(tmp_path: Path, marker: str) -> None:
+    # trial-tool interrupted before the supervisor even read its orders: the stop request
+    # can arrive in the same read as the orders, and must not be lost (it once hung here).
+    from trialtool.launcher import Launcher
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"\x02")  # a signal already waiting, as the wakeup pipe would hold it
+    try:
+        with Launcher(str(tmp_path)) as launcher:
+            outcome = launcher.run(
+                [PY, "-c", "import time; time.sleep(300)", marker],
+                deadline=time.monotonic() + 30,
+                capture_cap=1000,
+                kill_grace=0.2,
+                interrupt_fd=read_end,
+            )
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert outcome.ended == "interrupted"
+    assert outcome.elapsed < 20
+    assert marked(marker) == []

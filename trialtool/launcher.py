@@ -135,6 +135,7 @@ class Launcher:
             if watch_fd >= 0:
                 selector.register(watch_fd, selectors.EVENT_READ)
             if interrupt_fd is not None:
+                os.set_blocking(interrupt_fd, False)  # drained to empty below
                 selector.register(interrupt_fd, selectors.EVENT_READ)
             exited = watch_fd < 0  # without a pidfd, the result pipe's EOF is the signal
             result_done = False

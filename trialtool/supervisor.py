@@ -164,23 +164,30 @@ def serve(spool_fds: tuple[int, int], result_fd: int, control_fd: int, parent_pi
 
 
 def _read_orders(control_fd: int, signals: _Signals) -> dict[str, Any] | None:
-    """The Spec sent by trial-tool, or None on EOF or if trial-tool died meanwhile."""
+    """The Spec sent by trial-tool, or None on EOF or if trial-tool died meanwhile.
+
+    A stop request may follow the orders in the same read (trial-tool interrupted
+    at once): it is kept as `signals.stop`, so the command is stopped as it starts.
+    """
     data = bytearray()
     with selectors.DefaultSelector() as selector:
         selector.register(control_fd, selectors.EVENT_READ)
         selector.register(signals.read_fd, selectors.EVENT_READ)
-        while not data.endswith(b"\n"):
+        while b"\n" not in data:
             for key, _ in selector.select():
                 if key.fd == signals.read_fd:
                     signals.drain()
-                    if signals.orphaned:
-                        return None
+                    if signals.orphaned or signals.stop:
+                        return None  # trial-tool died, or gave up on the call before sending it
                     continue
                 chunk = os.read(control_fd, 65536)
                 if not chunk:
                     return None
                 data += chunk
-    orders: dict[str, Any] = json.loads(bytes(data))
+    line, _, after = bytes(data).partition(b"\n")
+    if after:
+        signals.stop = True
+    orders: dict[str, Any] = json.loads(line)
     return orders
 
 
