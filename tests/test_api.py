@@ -17,6 +17,7 @@ EXPECTED = {
     "BudgetExhausted",
     "CallResult",
     "EncoderError",
+    "Interrupted",
     "LimitMismatch",
     "Limits",
     "LockTimeout",
@@ -48,6 +49,8 @@ def test_every_error_is_a_trialtool_error_with_an_exit_code() -> None:
     refused = errors.BudgetExhausted("spent", "maximum_tool_calls")
     again = pickle.loads(pickle.dumps(refused))
     assert (again.message, again.status, again.exit_code) == ("spent", "maximum_tool_calls", 123)
+    stopped = pickle.loads(pickle.dumps(errors.Interrupted("got SIGTERM", 15)))
+    assert (stopped.signum, stopped.exit_code, stopped.status) == (15, 143, "interrupted")
 
 
 def test_import_has_no_heavy_side_effects() -> None:

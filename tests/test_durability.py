@@ -23,7 +23,7 @@ from trialtool import BudgetExhausted, StorageError, Trial, clock, fsio, livenes
 from trialtool.ledger import Ledger
 from trialtool.verify import verify
 
-from .conftest import TrialFiles, marked
+from .conftest import TrialFiles, marked, wait_until
 
 EXAMPLES = int(os.environ.get("TRIALTOOL_HYPOTHESIS_EXAMPLES", "150"))
 
@@ -288,3 +288,49 @@ LedgerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_ledger_state_machine = LedgerMachine.TestCase
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether `pid` has a handler installed for `sig` (SigCgt in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            caught = next(line for line in handle if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) & (1 << (sig - 1)))
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_while_waiting_for_the_lock_charges_nothing(trial: TrialFiles) -> None:
+    assert trial.call("true").returncode == 0
+    holder_code = (
+        "import fcntl, os, signal\n"
+        f"fd = os.open({str(trial.state) + '.lock'!r}, os.O_RDWR)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGSTOP)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", holder_code], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+        before = trial.snapshot()
+        waiting = subprocess.Popen(trial.argv("--", "echo", "never"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            # No event says "now waiting for the lock"; its SIGTERM handler being in place is
+            # what the test needs, and /proc shows it.
+            assert wait_until(lambda: _catches(waiting.pid, signal.SIGTERM), timeout=30)
+            started = time.monotonic()
+            waiting.send_signal(signal.SIGTERM)
+            out, err = waiting.communicate(timeout=30)
+        finally:
+            waiting.kill()
+            waiting.wait()
+        assert waiting.returncode == 143 and out == b""
+        assert b"SIGTERM" in err and b"nothing is charged" in err
+        assert time.monotonic() - started < 10  # not the 30 s lock timeout
+        assert trial.snapshot() == before
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        assert holder.stdout is not None
+        holder.stdout.close()

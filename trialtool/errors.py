@@ -9,6 +9,7 @@
     ├── StorageError(OSError)         a read, write, fsync or replace failed
     ├── LockTimeout(TimeoutError)     the ledger lock was not acquired in time
     ├── EncoderError(RuntimeError)    o200k_base data missing or of the wrong hash
+    ├── Interrupted                   SIGINT/SIGTERM/SIGHUP before the call was charged (128+N)
     └── BudgetExhausted               a call refused because a budget is spent (exit 123)
 
 The CLI maps these to exit codes in one place (`exit_code` on each class); the
@@ -87,6 +88,23 @@ class EncoderError(TrialToolError, RuntimeError):
     status = "tokenizer_error"
 
 
+class Interrupted(TrialToolError):
+    """trial-tool got SIGINT, SIGTERM or SIGHUP before the call was charged: nothing ran, nothing is charged.
+
+    Exits 128 + the signal's number, as a shell would.
+    """
+
+    status = "interrupted"
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+    def __reduce__(self) -> tuple[type[Interrupted], tuple[str, int]]:  # type: ignore[override]
+        return (type(self), (self.message, self.signum))
+
+
 class BudgetExhausted(TrialToolError):
     """A call was refused, and its command not run, because a trial budget is spent.
 
@@ -112,6 +130,7 @@ __all__ = [
     "EXIT_TIMEOUT",
     "BudgetExhausted",
     "EncoderError",
+    "Interrupted",
     "LimitMismatch",
     "LockTimeout",
     "StateError",

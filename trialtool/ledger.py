@@ -86,10 +86,10 @@ class Ledger:
 
     # -- reading and writing -------------------------------------------------
 
-    def _lock(self) -> Any:
+    def _lock(self, cancelled: Callable[[], None] | None = None) -> Any:
         from .locking import LedgerLock
 
-        return LedgerLock(self.state_path + ".lock", self.lock_timeout)
+        return LedgerLock(self.state_path + ".lock", self.lock_timeout, cancelled)
 
     def ensure_directory(self) -> None:
         """Create the state's directory (and parents) if missing; StorageError if it cannot be."""
@@ -193,19 +193,21 @@ class Ledger:
         command: list[str],
         preflight: Callable[[dict[str, Any]], None] | None = None,
         supervisor: int | None = None,
+        cancelled: Callable[[], None] | None = None,
     ) -> Reservation:
         """Charge a call and reserve its allowance, or log a refusal and raise BudgetExhausted.
 
         `preflight(state)` runs under the lock before anything is written; it may
         note facts in the state or raise to stop the call with nothing charged.
         `supervisor` is the pid of the call's supervisor, so that a recovery can
-        stop what it left running.
+        stop what it left running. `cancelled()` is called while waiting (for the
+        lock, for tokens) and just before charging; it raises to give up uncharged.
         """
         self.ensure_directory()
         wait_until: float | None = None
         pause = 0.005
         while True:
-            with self._lock():
+            with self._lock(cancelled):
                 state = self._open(overrides, create=True)
                 if preflight is not None:
                     preflight(state)
@@ -230,6 +232,8 @@ class Ledger:
                         )
                 if refusal is not None:
                     self._refuse(state, command, refusal, elapsed)
+                if cancelled is not None:
+                    cancelled()
                 if unreserved > 0:
                     return self._charge(state, command, min(limits.max_call_tokens, unreserved), supervisor)
             time.sleep(pause)

@@ -19,6 +19,7 @@ from .errors import LockTimeout, StorageError
 
 TYPE_CHECKING = False  # not typing's: see cli.py
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import TracebackType
 
 #: Seconds a call waits for the ledger lock before giving up (--lock-timeout).
@@ -28,9 +29,11 @@ DEFAULT_LOCK_TIMEOUT = 30.0
 class LedgerLock:
     """Exclusive, non-reentrant lock on `path`; use as a context manager."""
 
-    def __init__(self, path: str, timeout: float) -> None:
+    def __init__(self, path: str, timeout: float, cancelled: Callable[[], None] | None = None) -> None:
         self.path = path
         self.timeout = timeout
+        #: Called while waiting; raises to give up (trial-tool was told to stop).
+        self.cancelled = cancelled
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -51,6 +54,8 @@ class LedgerLock:
                 except OSError as exc:
                     if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                         raise
+                if self.cancelled is not None:
+                    self.cancelled()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     holder = self._holder(fd)

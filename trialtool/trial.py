@@ -15,6 +15,7 @@ from .errors import (
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
     EXIT_TIMEOUT,
+    Interrupted,
     TrialToolError,
     UsageError,
 )
@@ -162,8 +163,14 @@ class Trial:
         interrupt: InterruptWatch | None,
         launcher: Launcher,
     ) -> tuple[process.Outcome, Reservation, float]:
+        def cancelled() -> None:
+            if interrupt is not None and interrupt.signum is not None:
+                name = signal.Signals(interrupt.signum).name
+                msg = f"got {name} before the call started; nothing ran and nothing is charged"
+                raise Interrupted(msg, interrupt.signum)
+
         reservation = self.ledger.reserve(
-            self.overrides, argv, preflight=self._check_rank_file, supervisor=launcher.pid
+            self.overrides, argv, preflight=self._check_rank_file, supervisor=launcher.pid, cancelled=cancelled
         )
         limits = reservation.limits
         started_wall = time.time()
