@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +164,12 @@ def test_record_appended_before_a_crash_is_rolled_forward(trial: TrialFiles, tmp
     assert state["calls"] == 3 and state["emitted_tokens"] == 6
 
 
-@pytest.mark.timeout(60)
-def test_stuck_lock_holder_times_out_clearly_and_a_dead_one_releases(trial: TrialFiles) -> None:
-    assert trial.call("true").returncode == 0
-    lock = f"{trial.state}.lock"
+@contextlib.contextmanager
+def stopped_lock_holder(trial: TrialFiles) -> Iterator[int]:
+    """A process that takes the ledger lock and stops itself (SIGSTOP) holding it; yields its pid."""
     holder_code = (
-        "import fcntl, os, signal, sys\n"
-        f"fd = os.open({lock!r}, os.O_RDWR)\n"
+        "import fcntl, os, signal\n"
+        f"fd = os.open({str(trial.state) + '.lock'!r}, os.O_RDWR | os.O_CREAT)\n"
         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
         "os.ftruncate(fd, 0); os.pwrite(fd, str(os.getpid()).encode(), 0)\n"
         "print('locked', flush=True)\n"
@@ -177,16 +178,23 @@ def test_stuck_lock_holder_times_out_clearly_and_a_dead_one_releases(trial: Tria
     holder = subprocess.Popen([sys.executable, "-c", holder_code], stdout=subprocess.PIPE)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
-        before = trial.snapshot()
-        done = trial.call("true", flags=("--lock-timeout", "0.5"))
-        assert done.returncode == 125
-        assert f"held by pid {holder.pid}".encode() in done.stderr and b"--lock-timeout" in done.stderr
-        assert trial.snapshot() == before
+        yield holder.pid
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
         assert holder.stdout is not None
         holder.stdout.close()
+
+
+@pytest.mark.timeout(60)
+def test_stuck_lock_holder_times_out_clearly_and_a_dead_one_releases(trial: TrialFiles) -> None:
+    assert trial.call("true").returncode == 0
+    with stopped_lock_holder(trial) as holder:
+        before = trial.snapshot()
+        done = trial.call("true", flags=("--lock-timeout", "0.5"))
+        assert done.returncode == 125
+        assert f"held by pid {holder}".encode() in done.stderr and b"--lock-timeout" in done.stderr
+        assert trial.snapshot() == before
     assert trial.call("true", flags=("--lock-timeout", "5")).returncode == 0  # the dead holder's lock is gone
 
 
@@ -303,16 +311,7 @@ def _catches(pid: int, sig: int) -> bool:
 @pytest.mark.timeout(60)
 def test_sigterm_while_waiting_for_the_lock_charges_nothing(trial: TrialFiles) -> None:
     assert trial.call("true").returncode == 0
-    holder_code = (
-        "import fcntl, os, signal\n"
-        f"fd = os.open({str(trial.state) + '.lock'!r}, os.O_RDWR)\n"
-        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-        "print('locked', flush=True)\n"
-        "os.kill(os.getpid(), signal.SIGSTOP)\n"
-    )
-    holder = subprocess.Popen([sys.executable, "-c", holder_code], stdout=subprocess.PIPE)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+    with stopped_lock_holder(trial):
         before = trial.snapshot()
         waiting = subprocess.Popen(trial.argv("--", "echo", "never"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
@@ -329,8 +328,3 @@ def test_sigterm_while_waiting_for_the_lock_charges_nothing(trial: TrialFiles) -
         assert b"SIGTERM" in err and b"nothing is charged" in err
         assert time.monotonic() - started < 10  # not the 30 s lock timeout
         assert trial.snapshot() == before
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-        assert holder.stdout is not None
-        holder.stdout.close()
