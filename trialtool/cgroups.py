@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -106,6 +107,16 @@ def _enable(directory: Path, controller: str) -> bool:
         return False
 
 
+def _offering(controller: str) -> Iterator[_Mount]:
+    """Our cgroups that can have a child with `controller`: v1 first (see `CallGroup.prepare`)."""
+    for mount in sorted(_own_cgroups(), key=lambda m: m.version):
+        if mount.version == 1 and controller not in mount.controllers:
+            continue
+        if mount.version == 2 and not _enable(mount.directory, controller):
+            continue
+        yield mount
+
+
 def _sweep_stale(parent: Path) -> None:
     """Remove empty leaves left by trial-tools that died (rmdir refuses non-empty ones)."""
     try:
@@ -146,11 +157,7 @@ class CallGroup:
         """
         group = cls()
         group._name = f"{_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
-        for mount in sorted(_own_cgroups(), key=lambda m: m.version):
-            if mount.version == 1 and "pids" not in mount.controllers:
-                continue
-            if mount.version == 2 and not _enable(mount.directory, "pids"):
-                continue
+        for mount in _offering("pids"):
             leaf = group._make_leaf(mount)
             if leaf is not None and _write(leaf / "cgroup.procs", str(os.getpid())):
                 group.pids = leaf
@@ -165,11 +172,7 @@ class CallGroup:
             _write(self.pids / "pids.max", str(max_procs + 1) if max_procs else "max")
         if not max_memory:
             return
-        for mount in sorted(_own_cgroups(), key=lambda m: m.version):
-            if mount.version == 1 and "memory" not in mount.controllers:
-                continue
-            if mount.version == 2 and not _enable(mount.directory, "memory"):
-                continue
+        for mount in _offering("memory"):
             leaf = self._make_leaf(mount)
             memory_file = "memory.max" if mount.version == 2 else "memory.limit_in_bytes"
             if leaf is not None and _write(leaf / memory_file, str(max_memory)):

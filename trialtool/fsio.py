@@ -18,6 +18,14 @@ def _fail(step: str, path: str, exc: OSError) -> StorageError:
     return StorageError(f"cannot {step} {path}: {reason}")
 
 
+def ensure_directory(directory: str) -> None:
+    """Create `directory` and its parents if missing; StorageError naming it if that fails."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise _fail("create directory", directory, exc) from exc
+
+
 def read_bytes(path: str) -> bytes | None:
     """The file's bytes, or None when it does not exist."""
     try:
@@ -129,4 +137,4 @@ def truncate(path: str, size: int) -> None:
         os.close(fd)
 
 
-__all__ = ["append", "atomic_write", "fsync_directory", "read_bytes", "truncate"]
+__all__ = ["append", "atomic_write", "ensure_directory", "fsync_directory", "read_bytes", "truncate"]

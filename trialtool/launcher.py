@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
+from . import fsio
 from .capture import open_unlinked
 from .errors import StorageError, TrialToolError
 
@@ -41,11 +42,7 @@ class Launcher:
         self.spools: tuple[int, int] | None = None
 
     def __enter__(self) -> Launcher:
-        try:
-            os.makedirs(self.spool_dir, exist_ok=True)
-        except OSError as exc:
-            msg = f"cannot create directory {self.spool_dir}: {exc.strerror or exc}"
-            raise StorageError(msg) from exc
+        fsio.ensure_directory(self.spool_dir)
         # The spools are opened before the fork, so that both sides share them.
         try:
             self.spools = (open_unlinked(self.spool_dir), open_unlinked(self.spool_dir))

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from . import audit, clock, fsio, liveness, mending, records, statefile
-from .errors import BudgetExhausted, StateError, StorageError, TrialExists
+from .errors import BudgetExhausted, StateError, TrialExists
 from .limits import FLAG_OF, Limits, check_pinned, from_overrides
 from .locking import DEFAULT_LOCK_TIMEOUT
 
@@ -93,11 +93,7 @@ class Ledger:
 
     def ensure_directory(self) -> None:
         """Create the state's directory (and parents) if missing; StorageError if it cannot be."""
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-        except OSError as exc:
-            msg = f"cannot create directory {self.directory}: {exc.strerror or exc}"
-            raise StorageError(msg) from exc
+        fsio.ensure_directory(self.directory)
 
     def load(self) -> dict[str, Any] | None:
         """The validated state, or None when the trial does not exist yet."""
@@ -120,11 +116,7 @@ class Ledger:
                 "refusing to start a trial over another trial's log"
             )
             raise StateError(msg)
-        try:
-            os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
-        except OSError as exc:
-            msg = f"cannot create directory {os.path.dirname(self.log_path)}: {exc.strerror or exc}"
-            raise StorageError(msg) from exc
+        fsio.ensure_directory(os.path.dirname(self.log_path) or ".")
         return statefile.new(limits, self.chain)
 
     def _open(self, overrides: dict[str, Any], *, create: bool) -> dict[str, Any]:
