@@ -13,8 +13,6 @@ from typing import Any
 RECORD_TYPE = "trial_tool_call"
 RECORD_VERSION = 1
 
-#: Statuses of calls that ran.
-RAN = ("ok", "error", "truncated", "timeout", "output_limit", "command_error", "tokenizer_error")
 #: Statuses of calls refused before running.
 REFUSED = ("maximum_tool_calls", "maximum_emitted_tokens", "task_timeout_seconds")
 
@@ -115,4 +113,4 @@ def call(*, trial_id: str, sequence: int, command: list[str], status: str, **fie
     return record
 
 
-__all__ = ["RAN", "RECORD_TYPE", "RECORD_VERSION", "REFUSED", "abandoned", "call", "refusal"]
+__all__ = ["RECORD_TYPE", "RECORD_VERSION", "REFUSED", "abandoned", "call", "refusal"]
