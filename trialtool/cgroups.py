@@ -196,6 +196,10 @@ class CallGroup:
             self.kill_file = leaf / "cgroup.kill"
         return leaf
 
+    def child_must_join(self) -> bool:
+        """True when the command must join a leaf the supervisor is not in (the memory leaf)."""
+        return any(leaf not in self._joined for leaf in self.leaves)
+
     def join(self) -> None:
         """Move the calling process into the leaves it is not in yet. Runs in the command's pre-exec hook."""
         pid = str(os.getpid())

@@ -58,10 +58,13 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes, *, sync_directory: bool = True) -> None:
     """Replace `path` with `data` so that a crash leaves the old file or the new, never a mix.
 
-    Temp file in the same directory, write, fsync, os.replace, fsync the directory.
+    Temp file in the same directory, write, fsync, os.replace, and (unless told
+    not to) fsync the directory, which makes the replacement itself durable.
+    Without it, after a power loss the file is the new version or an older whole
+    one, never a torn or empty one (the data was fsynced before the rename).
     """
     directory, name = os.path.split(path)
     temporary = os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
@@ -85,7 +88,8 @@ def atomic_write(path: str, data: bytes) -> None:
         except OSError:
             pass  # the original error is the one worth reporting
         raise _fail(step, path if step == "replace" else temporary, exc) from exc
-    fsync_directory(directory or ".")
+    if sync_directory:
+        fsync_directory(directory or ".")
 
 
 def append(path: str, data: bytes) -> int:
@@ -122,6 +126,15 @@ def append(path: str, data: bytes) -> int:
     return new_size
 
 
+def stamp(path: str) -> list[int] | None:
+    """What changes whenever the file's bytes do (device, inode, size, mtime, ctime), or None if absent."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
 def truncate(path: str, size: int) -> None:
     """Cut `path` back to `size` bytes, durably (repairing a torn append)."""
     try:
@@ -137,4 +150,4 @@ def truncate(path: str, size: int) -> None:
         os.close(fd)
 
 
-__all__ = ["append", "atomic_write", "ensure_directory", "fsync_directory", "read_bytes", "truncate"]
+__all__ = ["append", "atomic_write", "ensure_directory", "fsync_directory", "read_bytes", "stamp", "truncate"]

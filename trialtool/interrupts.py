@@ -26,6 +26,11 @@ class InterruptWatch:
         self._previous: dict[int, object] = {}
         self._previous_wakeup = -1
 
+    @property
+    def reason(self) -> str:
+        """What stopped the call, for the agent's notice."""
+        return "trial-tool received " + signal.Signals(self.signum or signal.SIGINT).name
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum = signum
@@ -49,4 +54,29 @@ class InterruptWatch:
         os.close(self._write_fd)
 
 
-__all__ = ["CAUGHT", "InterruptWatch"]
+class Cancellation:
+    """A call's stop button for a caller in another thread (asyncio cancellation, a server shutting down).
+
+    Same interface as InterruptWatch: `fd` becomes readable and `signum` is set
+    (SIGTERM: the caller asked the call to end) once `cancel()` is called. The
+    descriptor is never drained, so one Cancellation can stop many calls at once.
+    """
+
+    def __init__(self, reason: str = "the call was cancelled") -> None:
+        self.signum: int | None = None
+        self.reason = reason
+        self.fd, self._write_fd = os.pipe()
+
+    def cancel(self) -> None:
+        if self.signum is None:
+            self.signum = signal.SIGTERM
+            os.write(self._write_fd, b"c")
+
+    def close(self) -> None:
+        for fd in (self.fd, self._write_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self._write_fd = -1
+
+
+__all__ = ["CAUGHT", "Cancellation", "InterruptWatch"]

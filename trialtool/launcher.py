@@ -24,6 +24,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .forkserver import ForkServer
     from .process import Outcome, Resources
 
 
@@ -35,10 +36,13 @@ class Launcher:
     EOF and the supervisor exits having started nothing.
     """
 
-    def __init__(self, spool_dir: str) -> None:
+    def __init__(self, spool_dir: str, forkserver: ForkServer | None = None) -> None:
         self.spool_dir = spool_dir
+        #: Where the supervisor comes from: a fork of this process, or of a fork server
+        #: (for threaded callers, see forkserver.py).
+        self.forkserver = forkserver
         self.pid = -1
-        self._result_r = self._control_w = -1
+        self._result_r = self._control_w = self._watch_fd = -1
         self.spools: tuple[int, int] | None = None
 
     def __enter__(self) -> Launcher:
@@ -51,6 +55,19 @@ class Launcher:
             raise StorageError(msg) from exc
         self._result_r, result_w = os.pipe()
         control_r, self._control_w = os.pipe()
+        if self.forkserver is not None:
+            try:
+                self.pid = self.forkserver.fork_supervisor((*self.spools, result_w, control_r))
+            except OSError as exc:
+                self.__exit__()
+                raise TrialToolError(str(exc)) from exc
+            finally:
+                os.close(result_w)
+                os.close(control_r)
+            # Opened now, while it cannot have exited (it waits for our orders): later,
+            # the fork server might have reaped it and its pid be someone else's.
+            self._watch_fd = _pidfd(self.pid)
+            return self
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
@@ -63,14 +80,15 @@ class Launcher:
             serve(self.spools, result_w, control_r, parent)
         os.close(result_w)
         os.close(control_r)
+        self._watch_fd = _pidfd(self.pid)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for fd in (self._result_r, self._control_w):
+        for fd in (self._result_r, self._control_w, self._watch_fd):
             if fd >= 0:
                 os.close(fd)
-        self._result_r = self._control_w = -1
-        if self.pid > 0:
+        self._result_r = self._control_w = self._watch_fd = -1
+        if self.pid > 0 and self.forkserver is None:
             try:
                 os.waitpid(self.pid, 0)  # after EOF on its orders it exits at once
             except ChildProcessError:
@@ -119,22 +137,24 @@ class Launcher:
     def _wait(self, interrupt_fd: int | None) -> dict[str, Any]:
         """The supervisor's result line; an interrupt on the way becomes a stop request."""
         import json
+        import select
         import selectors
         import signal
 
         pid, self.pid = self.pid, -1
-        watch_fd = _pidfd(pid)
+        own_child = self.forkserver is None
+        watch_fd, self._watch_fd = self._watch_fd, -1
         selector = selectors.DefaultSelector()
         data = bytearray()
-        asked_to_stop = False
         try:
             selector.register(self._result_r, selectors.EVENT_READ)
-            if watch_fd >= 0:
+            if watch_fd >= 0 and own_child:
                 selector.register(watch_fd, selectors.EVENT_READ)
             if interrupt_fd is not None:
-                os.set_blocking(interrupt_fd, False)  # drained to empty below
                 selector.register(interrupt_fd, selectors.EVENT_READ)
-            exited = watch_fd < 0  # without a pidfd, the result pipe's EOF is the signal
+            # Without a pidfd, or for a fork server's supervisor (which closes the pipe
+            # once it has reaped everything, then only exits), the result pipe's EOF is the signal.
+            exited = watch_fd < 0 or not own_child
             result_done = False
             while not (result_done and exited):
                 for key, _ in selector.select():
@@ -150,18 +170,22 @@ class Launcher:
                         exited = True
                         selector.unregister(fd)
                     elif fd == interrupt_fd:
-                        _drain(fd)
-                        if not asked_to_stop:
-                            os.write(self._control_w, b"s")
-                            asked_to_stop = True
-            os.waitpid(pid, 0)
+                        # Not drained: the descriptor may be shared by several calls
+                        # (serve's stop pipe); each asks its own supervisor once.
+                        selector.unregister(fd)
+                        os.write(self._control_w, b"s")
+            if own_child:
+                os.waitpid(pid, 0)
         except BaseException:
             # Whatever went wrong here, the supervisor stops the tree; wait for it so
             # nothing outlives the call, then let the error go on.
             try:
                 os.kill(pid, signal.SIGTERM)
-                os.waitpid(pid, 0)
-            except ChildProcessError:
+                if own_child:
+                    os.waitpid(pid, 0)
+                elif watch_fd >= 0:
+                    select.select([watch_fd], [], [])
+            except (ChildProcessError, ProcessLookupError):
                 pass
             raise
         finally:
@@ -191,14 +215,6 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 64):
-            pass
-    except BlockingIOError:
-        pass
 
 
 __all__ = ["Launcher"]

@@ -14,6 +14,15 @@ refunds nothing. Each locked step appends at most one record and then replaces
 the state, so a crash leaves the log at most one record ahead of the state, or
 with a torn last line: the next `open` rolls that record forward, or cuts the
 torn line off and logs the repair. Anything else that disagrees fails closed.
+
+Durability: every record is fsynced before its state is replaced, and every
+state's bytes are fsynced before the rename; the directory is fsynced only when
+the trial is created or mended, not on each call (two fsyncs a call saved).
+After a power loss, then, the log holds every call whose output was delivered,
+and the state is its last version or the one before; the next `open` rolls the
+log's last record forward as above. A call that was running at that moment
+and never delivered may come back uncharged if its reservation had not reached
+the disk; its record, if written, charges it (mending.roll_forward).
 """
 
 from __future__ import annotations
@@ -70,6 +79,8 @@ class Ledger:
         self.lock_timeout = lock_timeout
         self.chain = audit.Chain(key)
         self._owner = owner
+        #: (log stamp, head, last record's summary) as this process last wrote or checked the log.
+        self._trusted: tuple[list[int], audit.LogHead, dict[str, Any] | None] | None = None
         #: Calls this process reserved and gave up on (a failed commit): recover them
         #: as abandoned although their owner, this process, lives on.
         self._abandoned: set[int] = set()
@@ -100,14 +111,39 @@ class Ledger:
         raw = fsio.read_bytes(self.state_path)
         return None if raw is None else statefile.decode(raw, self.state_path, self.chain)
 
-    def _write(self, state: dict[str, Any]) -> None:
-        fsio.atomic_write(self.state_path, statefile.encode(state, self.chain))
+    def _write(self, state: dict[str, Any], *, sync_directory: bool = False) -> None:
+        # The directory is not fsynced after a call's writes (see "Durability" in the
+        # module docstring): the log is, and a state one step behind it is mended.
+        fsio.atomic_write(self.state_path, statefile.encode(state, self.chain), sync_directory=sync_directory)
 
     def _append(self, state: dict[str, Any], record: dict[str, Any]) -> None:
         """Append `record`, bound to this trial and stating the totals of `state` (already updated for it)."""
         record["trial_id"] = state["trial_id"]
         record["ledger_after"] = statefile.totals(state)
         state["log"] = audit.append(self.log_path, record, state["log"], self.chain)
+        self._trust(state["log"], record)
+
+    def _trust(self, head: audit.LogHead, last: dict[str, Any] | None) -> None:
+        """Remember the log as this process last wrote or checked it, stamp and all."""
+        stamp = fsio.stamp(self.log_path)
+        summary = None if last is None else {"trial_id": last.get("trial_id"), "ledger_after": last.get("ledger_after")}
+        self._trusted = None if stamp is None else (stamp, head, summary)
+
+    def _read_tail(self, head: audit.LogHead) -> audit.Tail:
+        """The log's tail, checked; the whole chain is walked unless the log is exactly as this process left it.
+
+        "Exactly": same device, inode, size, mtime and ctime (which no unprivileged
+        process can set back), against the same head. A long-lived process (the
+        API, `serve`) then skips re-reading a log it wrote itself; a CLI call, or a
+        log touched by anyone else in between, gets the full walk.
+        """
+        trusted = self._trusted
+        if trusted is not None and trusted[1] == head and trusted[0] == fsio.stamp(self.log_path):
+            return audit.Tail(trusted[2], b"")
+        tail = audit.read_tail(self.log_path, head, self.chain)
+        if not tail.extra:
+            self._trust(head, tail.last)
+        return tail
 
     def _new_state(self, limits: Limits) -> dict[str, Any]:
         if os.path.exists(self.log_path) and os.path.getsize(self.log_path) > 0:
@@ -129,7 +165,7 @@ class Ledger:
                 raise StateError(msg)
             return self._new_state(from_overrides(overrides))
         check_pinned(state["limits"], overrides)
-        tail = audit.read_tail(self.log_path, state["log"], self.chain)
+        tail = self._read_tail(state["log"])
         last = tail.last
         if tail.extra:
             last = self._mend(state, tail.extra) or last
@@ -145,12 +181,12 @@ class Ledger:
             fsio.truncate(self.log_path, head.bytes)
             record = mending.repair_record(state["trial_id"], torn)
             self._append(state, record)
-            self._write(state)
+            self._write(state, sync_directory=True)
             return record
         lines = complete.split(b"\n") if complete else []
         if len(lines) == 1 and not torn:
             record = mending.roll_forward(state, lines[0], self.chain, self.log_path)
-            self._write(state)
+            self._write(state, sync_directory=True)
             return record
         msg = (
             f"log {self.log_path} has {len(lines)} records and {len(torn)} stray bytes the state does not know of: "
@@ -169,7 +205,7 @@ class Ledger:
                 msg = f"a trial already exists at {self.state_path}"
                 raise TrialExists(msg)
             state = self._new_state(limits)
-            self._write(state)
+            self._write(state, sync_directory=True)
         return state
 
     def status(self) -> dict[str, Any]:

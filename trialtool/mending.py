@@ -49,7 +49,12 @@ def roll_forward(state: dict[str, Any], line: bytes, chain: audit.Chain, log_pat
     if record.get("status") in records.REFUSED:
         state["refused_calls"] += 1
     elif record.get("charged"):
-        state["in_flight"].pop(str(record.get("sequence")), None)
+        sequence = record.get("sequence")
+        if isinstance(sequence, int) and sequence > state["calls"]:
+            # The call's reservation was lost too (a power loss before the file system
+            # wrote the replaced state): its record charges it.
+            state["calls"] = sequence
+        state["in_flight"].pop(str(sequence), None)
         state["emitted_tokens"] += int(record.get("delivered_emitted_tokens") or 0)
     if record.get("ledger_after") != statefile.totals(state):
         msg = f"log {log_path}: the record beyond the state does not follow from it; run `trial-tool verify`"

@@ -71,6 +71,11 @@ def _reap_all() -> bool:
             return False
 
 
+def no_children() -> bool:
+    """True when this process has no children left, alive or not yet reaped (those exited are reaped)."""
+    return _reap_all()
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
@@ -125,4 +130,4 @@ def signal_all(sig: int) -> None:
             pass
 
 
-__all__ = ["descendants", "kill_all", "living_descendants", "signal_all"]
+__all__ = ["descendants", "kill_all", "living_descendants", "no_children", "signal_all"]

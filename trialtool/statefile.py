@@ -65,7 +65,8 @@ def encode(state: dict[str, Any], chain: audit.Chain) -> bytes:
     if chain.key is not None:
         document["mac"] = chain.digest(_canonical(document))
     document["updated_at_utc"] = clock.utc(time.time())
-    return json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
+    # One line: json's C encoder does not indent, and the state is written twice a call.
+    return json.dumps(document, sort_keys=True).encode() + b"\n"
 
 
 def decode(raw: bytes, path: str, chain: audit.Chain) -> dict[str, Any]:

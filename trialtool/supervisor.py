@@ -63,10 +63,28 @@ class Spec(NamedTuple):
 def _prctl(option: int, value: int) -> bool:
     if not sys.platform.startswith("linux"):
         return False
-    import ctypes
+    return bool(_libc().prctl(option, value, 0, 0, 0) == 0)
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    return bool(libc.prctl(option, value, 0, 0, 0) == 0)
+
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    """The C library, loaded once per process (the fork server loads it for all its supervisors)."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
+def preload() -> None:
+    """Import and load now what every supervisor needs, for a process that forks many (forkserver.py)."""
+    import hashlib  # noqa: F401  (the spools hash what they keep)
+
+    if sys.platform.startswith("linux"):
+        _libc()
 
 
 class _Signals:
@@ -102,7 +120,8 @@ class _Signals:
 
 
 def _limits_for_exec(spec: Spec, group: CallGroup) -> list[tuple[int, tuple[int, int]]]:
-    limits = [(resource.RLIMIT_CORE, (0, 0))]
+    """The command's resource limits; no core dumps is set on the supervisor itself, and inherited."""
+    limits = []
     if spec.max_cpu_seconds:
         # The soft limit sends SIGXCPU; one second later the hard limit sends SIGKILL.
         soft = max(1, int(spec.max_cpu_seconds + 0.999))
@@ -117,48 +136,111 @@ def _limits_for_exec(spec: Spec, group: CallGroup) -> list[tuple[int, tuple[int,
     return limits
 
 
+class _Ready(NamedTuple):
+    """A supervisor set up and waiting for a call."""
+
+    signals: _Signals
+    subreaper: bool
+    group: CallGroup
+
+
+def _get_ready(parent_pid: int) -> _Ready:
+    """Signals, subreaper, death signal and the call's cgroup: everything that needs no orders."""
+    signals = _Signals(parent_pid)
+    subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before the death signal was armed; nothing was started
+    # TRIALTOOL_CGROUPS=off forces the fallbacks (subreaper sweep, rlimits): for tests, and
+    # for hosts where touching cgroups is unwelcome.
+    use_cgroups = sys.platform.startswith("linux") and os.environ.get("TRIALTOOL_CGROUPS") != "off"
+    group = CallGroup.prepare() if use_cgroups else CallGroup()
+    # Loaded now, while trial-tool reserves the call, rather than after the orders.
+    preload()
+    return _Ready(signals, subreaper, group)
+
+
 def serve(spool_fds: tuple[int, int], result_fd: int, control_fd: int, parent_pid: int) -> NoReturn:
     """The supervisor's whole life; it reports on `result_fd` and exits, never returns.
 
     Forked before the call is reserved, it gets ready (subreaper, death signal,
-    imports) while trial-tool takes the ledger lock, then waits for its orders:
+    cgroup) while trial-tool takes the ledger lock, then waits for its orders:
     one JSON line on `control_fd` with the Spec, or EOF if the call was refused.
     Any later byte on `control_fd` asks it to stop the command.
     """
-    code = 1
-    payload = b""
     try:
-        signals = _Signals(parent_pid)
-        subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent_pid:
-            os._exit(1)  # trial-tool died before the death signal was armed; nothing was started
-        # TRIALTOOL_CGROUPS=off forces the fallbacks (subreaper sweep, rlimits): for tests, and
-        # for hosts where touching cgroups is unwelcome.
-        use_cgroups = sys.platform.startswith("linux") and os.environ.get("TRIALTOOL_CGROUPS") != "off"
-        group = CallGroup.prepare() if use_cgroups else CallGroup()
-        # Loaded now, while trial-tool reserves the call, rather than after the orders.
-        import hashlib  # noqa: F401  (the spools hash what they keep)
+        ready = _get_ready(parent_pid)
+    except BaseException as exc:
+        _report_and_exit(result_fd, {"fatal": f"{type(exc).__name__}: {exc}"}, 1)
+    _serve_call(spool_fds, result_fd, control_fd, ready)
 
-        orders = _read_orders(control_fd, signals)
+
+def serve_spare(call_socket: int, parent_pid: int) -> NoReturn:
+    """A supervisor made ready ahead of any call (forkserver.py), then given one.
+
+    Joining a cgroup costs 10-20 ms on some kernels (cgroup v1 waits for an RCU
+    grace period), so the fork server keeps one supervisor ready at all times.
+    It waits for the call's four descriptors on `call_socket`; EOF there, or its
+    parent's death, ends it with nothing started.
+    """
+    import socket
+
+    try:
+        ready = _get_ready(parent_pid)
+        sock = socket.socket(fileno=call_socket)
+        with selectors.DefaultSelector() as selector:
+            selector.register(sock, selectors.EVENT_READ)
+            selector.register(ready.signals.read_fd, selectors.EVENT_READ)
+            fds: list[int] = []
+            while not fds:
+                for key, _ in selector.select():
+                    if key.fd == ready.signals.read_fd:
+                        ready.signals.drain()
+                        if ready.signals.orphaned or ready.signals.stop:
+                            raise SystemExit
+                        continue
+                    _, fds, _, _ = socket.recv_fds(sock, 16, 4)
+                    if not fds:
+                        raise SystemExit  # the fork server is shutting down
+        sock.close()
+    except BaseException:
+        try:
+            ready.group.remove()
+        except BaseException:
+            pass
+        os._exit(0)
+    out, err, result_fd, control_fd = fds
+    _serve_call((out, err), result_fd, control_fd, ready)
+
+
+def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, ready: _Ready) -> NoReturn:
+    code = 1
+    try:
+        orders = _read_orders(control_fd, ready.signals)
         if orders is None:
+            ready.group.remove()
             os._exit(0)  # the call was refused or failed before it started
         spec = Spec(**orders)
         spools = (Spool(spool_fds[0], spec.capture_cap), Spool(spool_fds[1], spec.capture_cap))
-        payload = json.dumps(_supervise(spec, spools, control_fd, signals, subreaper, group)).encode()
+        result = _supervise(spec, spools, control_fd, ready.signals, ready.subreaper, ready.group)
         code = 0
     except BaseException as exc:
         # The one broad except: whatever failed, trial-tool must hear of it, and this
         # forked copy of trial-tool must never return into trial-tool's own code.
-        payload = json.dumps({"fatal": f"{type(exc).__name__}: {exc}"}).encode()
+        result = {"fatal": f"{type(exc).__name__}: {exc}"}
         try:
             reaper.kill_all()
         except BaseException:
             pass
+    _report_and_exit(result_fd, result, code)
+
+
+def _report_and_exit(result_fd: int, result: dict[str, Any], code: int) -> NoReturn:
     try:
-        view = memoryview(payload + b"\n")
+        view = memoryview(json.dumps(result).encode() + b"\n")
         while view:
             view = view[os.write(result_fd, view) :]
+        os.close(result_fd)  # the call is over: trial-tool need not wait for this process to go
     finally:
         os._exit(code)
 
@@ -214,6 +296,7 @@ def _run_command(
     group: CallGroup,
     subreaper: bool,
 ) -> dict[str, Any]:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     rlimits = _limits_for_exec(spec, group)
 
     def before_exec() -> None:
@@ -225,7 +308,9 @@ def _run_command(
     described = group.describe(spec.max_procs, spec.max_memory)
     base: dict[str, Any] = {"containment": {**described, "subreaper": subreaper}}
     try:
-        child = spawn(spec.argv, cwd=spec.cwd, env=spec.env, before_exec=before_exec)
+        # Nothing to do between fork and exec (the usual case): the faster posix_spawn.
+        plain = not rlimits and not group.child_must_join()
+        child = spawn(spec.argv, cwd=spec.cwd, env=spec.env, before_exec=None if plain else before_exec)
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             return {**base, "ended": "not_found", "error": exc.strerror}
@@ -304,9 +389,14 @@ def _run_command(
                     stop("output_limit", spec.kill_grace)
         returncode = child.wait()
         # The command is gone. End what it left, then take what was already written.
-        known = reaper.living_descendants()
-        _kill_tree(pgid, group)
-        killed, survivors = reaper.kill_all(known)
+        if subreaper and reaper.no_children():
+            # Every orphan of the tree is re-parented to us: with no child left at all,
+            # nothing of the tree is (the usual case, and three /proc walks saved).
+            killed, survivors = 0, list[int]()
+        else:
+            known = reaper.living_descendants()
+            _kill_tree(pgid, group)
+            killed, survivors = reaper.kill_all(known)
         for fd, spool in pipes.items():
             if fd in selector.get_map():
                 spool.drain(fd, selector)
@@ -355,4 +445,4 @@ def _kill_tree(pgid: int, group: CallGroup) -> None:
     _signal_tree(pgid, signal.SIGKILL)
 
 
-__all__ = ["Spec", "serve"]
+__all__ = ["Spec", "serve", "serve_spare"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from typing import TYPE_CHECKING
 
 from .errors import EncoderError
@@ -116,9 +117,17 @@ class RankFile:
             msg = f"o200k_base rank file {path} has sha256 {digest}, expected {EXPECTED_SHA256}; {_FIX}"
             raise EncoderError(msg)
         self._encoder: tiktoken.Encoding | None = None
+        # Two threads must not both spend 0.3 s and 100 MB building it.
+        self._building = threading.Lock()
 
     def encoder(self) -> tiktoken.Encoding:
         """The real tiktoken Encoding for o200k_base, built on first use (~0.3 s)."""
+        if self._encoder is not None:
+            return self._encoder
+        with self._building:
+            return self._build()
+
+    def _build(self) -> tiktoken.Encoding:
         if self._encoder is None:
             import binascii
 
@@ -140,4 +149,34 @@ class RankFile:
         return self._encoder
 
 
-__all__ = ["ENCODING_NAME", "EXPECTED_SHA256", "RANK_FILE_ENV", "RankFile", "locate", "stamp", "tiktoken_cache_path"]
+_VERIFIED: dict[str, RankFile] = {}
+_VERIFIED_LOCK = threading.Lock()
+
+
+def verified(path: str, *, recheck: bool = False) -> RankFile:
+    """The process's one RankFile for `path`, so that its encoder is built once per process.
+
+    `recheck` reads and hashes the file again (the reservation's preflight does,
+    when the file's stamp changed); a file that fails keeps nothing cached.
+    """
+    with _VERIFIED_LOCK:
+        known = _VERIFIED.get(path)
+        if known is None or recheck:
+            _VERIFIED.pop(path, None)
+            fresh = RankFile(path)
+            if known is not None and known._encoder is not None:
+                fresh._encoder, fresh._data = known._encoder, b""  # same bytes, same encoder
+            known = _VERIFIED[path] = fresh
+        return known
+
+
+__all__ = [
+    "ENCODING_NAME",
+    "EXPECTED_SHA256",
+    "RANK_FILE_ENV",
+    "RankFile",
+    "locate",
+    "stamp",
+    "tiktoken_cache_path",
+    "verified",
+]

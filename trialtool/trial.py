@@ -5,12 +5,16 @@ from __future__ import annotations
 import base64
 import codecs
 import hashlib
+import math
 import os
 import signal
+import threading
 import time
-from typing import Any, NamedTuple
+import weakref
+from typing import Any, NamedTuple, Protocol
 
-from . import clipping, clock, environment, process, records, tokens
+from . import budget, clipping, clock, environment, process, records, tokens
+from .budget import Budget
 from .errors import (
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
@@ -19,7 +23,7 @@ from .errors import (
     TrialToolError,
     UsageError,
 )
-from .interrupts import InterruptWatch
+from .forkserver import ForkServer
 from .launcher import Launcher
 from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .limits import FLAG_OF, Limits
@@ -43,6 +47,45 @@ class CallResult(NamedTuple):
     output_truncated: bool
     #: The audit record as written to the log.
     record: dict[str, Any]
+    #: The trial's budget just after this call was recorded.
+    budget: Budget
+
+
+#: The shell that runs a command given as a string.
+SHELL = "/bin/sh"
+
+
+class Interrupt(Protocol):
+    """Something that can stop a call: interrupts.InterruptWatch (signals) or interrupts.Cancellation."""
+
+    @property
+    def fd(self) -> int:
+        """Readable once the call should stop."""
+
+    @property
+    def signum(self) -> int | None:
+        """Set once the call should stop."""
+
+    @property
+    def reason(self) -> str:
+        """Why, for the agent's notice."""
+
+
+def command_argv(command: list[str] | tuple[str, ...] | str) -> list[str]:
+    """A command as argv: a string runs under /bin/sh -c, as a shell tool call would."""
+    if isinstance(command, str):
+        if not command.strip():
+            msg = "empty command"
+            raise UsageError(msg)
+        return [SHELL, "-c", command]
+    argv = list(command)
+    if not argv:
+        msg = "no command given"
+        raise UsageError(msg)
+    if not all(isinstance(part, str) for part in argv):
+        msg = "a command's arguments must all be strings"
+        raise UsageError(msg)
+    return argv
 
 
 def _decode(data: bytes, cut_at_cap: bool) -> str:
@@ -65,9 +108,12 @@ class Trial:
     `limits` are the values passed for this use; at creation they are pinned,
     afterwards any that differ from the pinned ones make every call fail.
 
-    `run` forks the call's supervisor from the calling process, so call it from
-    a process without other threads (forking a threaded process is unsafe); the
-    CLI is such a process.
+    `run` may be called from several threads at once (and `arun` from several
+    asyncio tasks): each call is reserved, run and committed on its own. The
+    supervisors come from a fork server started on the first call
+    (forkserver.py), so the calling process may have threads; `close()` (or
+    leaving a `with` block) stops it, else it ends with the process. The
+    encoder is built once per process, on the first output that needs counting.
     """
 
     def __init__(
@@ -84,7 +130,21 @@ class Trial:
         self.overrides = dict(limits or {})
         self._rank_file = rank_file
         self._rank_path: str | None = None
-        self._ranks: tokens.RankFile | None = None
+        self._forkserver: ForkServer | None = None
+        self._guard = threading.Lock()
+
+    def __enter__(self) -> Trial:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the fork server (after the calls it started have ended). The trial itself stays as it is."""
+        with self._guard:
+            server, self._forkserver = self._forkserver, None
+        if server is not None:
+            server.close()
 
     def init(self) -> dict[str, Any]:
         """Create the trial and pin its limits."""
@@ -93,6 +153,41 @@ class Trial:
     def status(self) -> dict[str, Any]:
         """The trial's state now."""
         return self.ledger.status()
+
+    def budget(self) -> Budget:
+        """What the trial has used and has left now; StateError if it does not exist yet."""
+        return budget.of(self.ledger.status())
+
+    async def arun(self, command: list[str] | tuple[str, ...] | str, **options: Any) -> CallResult:
+        """`run` for asyncio: the call runs in the loop's default executor.
+
+        Cancelling the awaiting task stops the command (status `interrupted`,
+        recorded and charged like any call that ran) before CancelledError goes on.
+        """
+        import asyncio
+        import functools
+
+        from .interrupts import Cancellation
+
+        cancellation = Cancellation()
+        future = asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.run, command, interrupt=cancellation, **options)
+        )
+        # The pipe is closed only once the thread is done with it.
+        future.add_done_callback(lambda _: cancellation.close())
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            cancellation.cancel()
+            # Wait for the call to be recorded; ignore its own outcome, the cancellation is the answer.
+            await asyncio.wait([future])
+            raise
+
+    async def abudget(self) -> Budget:
+        """`budget` for asyncio."""
+        import asyncio
+
+        return await asyncio.to_thread(self.budget)
 
     def _check_rank_file(self, state: dict[str, Any]) -> None:
         """Reservation preflight: the rank file is there and has the right hash, or nothing is charged.
@@ -103,52 +198,63 @@ class Trial:
         path = self._rank_path = tokens.locate(self._rank_file)
         seen = {"path": str(path), "stamp": tokens.stamp(path)}
         if state.get("rank_file") != seen:
-            if self._ranks is None or self._ranks.path != path:
-                self._ranks = tokens.RankFile(path)
+            tokens.verified(path, recheck=True)
             state["rank_file"] = seen
-
-    def _encoder_source(self) -> tokens.RankFile:
-        if self._ranks is None or self._ranks.path != self._rank_path:
-            assert self._rank_path is not None
-            self._ranks = tokens.RankFile(self._rank_path)
-        return self._ranks
 
     def run(
         self,
-        argv: list[str],
+        command: list[str] | tuple[str, ...] | str,
         *,
         cwd: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
+        timeout: float | None = None,
         unset_env: tuple[str, ...] = (),
         clean_env: bool = False,
-        interrupt: InterruptWatch | None = None,
+        interrupt: Interrupt | None = None,
         launcher: Launcher | None = None,
     ) -> CallResult:
         """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
-        `env` adds or replaces variables, `unset_env` removes them, `clean_env`
-        starts from a minimal set; TRIALTOOL_* variables never reach the command.
-        `interrupt` turns SIGINT/SIGTERM/SIGHUP into a stop of the command (status
-        `interrupted`); `launcher` is a supervisor forked earlier by the caller (the
-        CLI forks it before importing this module), else one is forked here.
+        `command` is an argv list, or a string run by /bin/sh -c. `cwd` defaults to
+        the caller's working directory at the time of the call. `env` adds or
+        replaces variables, `unset_env` removes them, `clean_env` starts from a
+        minimal set; TRIALTOOL_* variables never reach the command. `timeout`
+        (seconds) shortens this call's deadline below the trial's `call_timeout`,
+        never lengthens it. `interrupt` stops the command when it fires (status
+        `interrupted`). `launcher` is a supervisor forked earlier by the caller
+        (the CLI forks one before importing this module); else the fork server
+        provides one.
         """
-        if not argv:
-            msg = "no command given"
+        argv = command_argv(command)
+        if timeout is not None and not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
+            msg = f"timeout must be a positive number of seconds, not {timeout!r}"
             raise UsageError(msg)
-        if cwd is not None and not os.path.isdir(cwd):
+        if cwd is None:
+            cwd = os.getcwd()
+        elif not os.path.isdir(cwd):
             msg = f"--cwd {os.fspath(cwd)} is not a directory"
             raise UsageError(msg)
         command_env = environment.build(clean=clean_env, set_vars=env, unset=unset_env)
         self.ledger.ensure_directory()
         if launcher is not None:
-            outcome, reservation, started_wall = self._reserve_and_run(argv, cwd, command_env, interrupt, launcher)
+            outcome, reservation, started_wall = self._reserve_and_run(
+                argv, cwd, command_env, timeout, interrupt, launcher
+            )
         else:
+            with self._guard:
+                if self._forkserver is None:
+                    self._forkserver = ForkServer()
+                    # A Trial dropped without close() still stops its server (at the
+                    # latest when the interpreter exits).
+                    weakref.finalize(self, self._forkserver.close)
+                server = self._forkserver
             # The supervisor is forked first and gets ready while the call is reserved.
-            with Launcher(self.ledger.directory) as own:
-                outcome, reservation, started_wall = self._reserve_and_run(argv, cwd, command_env, interrupt, own)
-        signum = None if interrupt is None else interrupt.signum
+            with Launcher(self.ledger.directory, server) as own:
+                outcome, reservation, started_wall = self._reserve_and_run(
+                    argv, cwd, command_env, timeout, interrupt, own
+                )
         try:
-            return self._finish(reservation, argv, outcome, started_wall, signum)
+            return self._finish(reservation, argv, outcome, started_wall, interrupt)
         except BaseException:
             # Not committed (a disk error, say): the call stays charged, and the next
             # reservation, in this process or another, records it as abandoned.
@@ -160,18 +266,20 @@ class Trial:
         argv: list[str],
         cwd: str | os.PathLike[str] | None,
         command_env: dict[str, str],
-        interrupt: InterruptWatch | None,
+        timeout: float | None,
+        interrupt: Interrupt | None,
         launcher: Launcher,
     ) -> tuple[process.Outcome, Reservation, float]:
         def cancelled() -> None:
             if interrupt is not None and interrupt.signum is not None:
-                name = signal.Signals(interrupt.signum).name
-                msg = f"got {name} before the call started; nothing ran and nothing is charged"
+                msg = f"{interrupt.reason} before the call started; nothing ran and nothing is charged"
                 raise Interrupted(msg, interrupt.signum)
 
         reservation = self.ledger.reserve(
             self.overrides, argv, preflight=self._check_rank_file, supervisor=launcher.pid, cancelled=cancelled
         )
+        if timeout is not None and timeout < reservation.run_seconds:
+            reservation = reservation._replace(run_seconds=float(timeout), deadline_kind="request")
         limits = reservation.limits
         started_wall = time.time()
         deadline = time.monotonic() + reservation.run_seconds
@@ -227,16 +335,17 @@ class Trial:
         argv: list[str],
         outcome: process.Outcome,
         started_wall: float,
-        signum: int | None,
+        interrupt: Interrupt | None,
     ) -> CallResult:
         limits = reservation.limits
         stdout_cut = outcome.stdout_bytes > limits.max_capture_bytes
         stderr_cut = outcome.stderr_bytes > limits.max_capture_bytes
-        status, exit_code, notice = _judge(outcome, reservation, argv, stdout_cut, stderr_cut, signum)
+        status, exit_code, notice = _judge(outcome, reservation, argv, stdout_cut, stderr_cut, interrupt)
         stdout_text = _decode(outcome.stdout, stdout_cut)
         stderr_text = _decode(outcome.stderr, stderr_cut)
         if stdout_text or stderr_text or notice:
-            encoder = self._encoder_source().encoder()
+            assert self._rank_path is not None  # set by the reservation's preflight
+            encoder = tokens.verified(self._rank_path).encoder()
             out, err = clipping.deliver(encoder, stdout_text, stderr_text, reservation.allowance, limits.clip, notice)
         else:
             # Nothing printed: nothing to count, and the encoder is never built.
@@ -297,7 +406,7 @@ class Trial:
             cpu_system_seconds=outcome.cpu_system,
             containment=outcome.containment,
         )
-        self.ledger.commit(reservation, record)
+        state = self.ledger.commit(reservation, record)
         return CallResult(
             sequence=reservation.sequence,
             status=status,
@@ -308,6 +417,7 @@ class Trial:
             allowance=reservation.allowance,
             output_truncated=clipped,
             record=record,
+            budget=budget.of(state),
         )
 
 
@@ -317,7 +427,7 @@ def _judge(
     argv: list[str],
     stdout_cut: bool,
     stderr_cut: bool,
-    signum: int | None,
+    interrupt: Interrupt | None,
 ) -> tuple[str, int, str]:
     """The call's status, the exit code to report, and trial-tool's notice for the agent (or "").
 
@@ -331,12 +441,13 @@ def _judge(
     if ended == "not_executable":
         return "command_error", EXIT_NOT_EXECUTABLE, f"trial-tool: {argv[0]}: cannot execute: {outcome.error}\n"
     if ended == "interrupted":
-        sig = signum or signal.SIGINT
-        name = signal.Signals(sig).name
-        return "interrupted", 128 + sig, f"\n[trial-tool: stopped: trial-tool received {name}]\n"
+        sig = (interrupt.signum if interrupt is not None else None) or signal.SIGINT
+        reason = interrupt.reason if interrupt is not None else "trial-tool was told to stop"
+        return "interrupted", 128 + sig, f"\n[trial-tool: stopped: {reason}]\n"
     if ended == "deadline":
-        flag = FLAG_OF["call_timeout" if reservation.deadline_kind == "call" else "trial_timeout"]
-        what = f"stopped at the {reservation.run_seconds:.3g} s {reservation.deadline_kind} deadline ({flag})"
+        kind = reservation.deadline_kind
+        flag = {"call": FLAG_OF["call_timeout"], "trial": FLAG_OF["trial_timeout"]}.get(kind, "the call's timeout")
+        what = f"stopped at the {reservation.run_seconds:.3g} s {kind} deadline ({flag})"
         if outcome.process_cap_hit:
             # The cap refused its forks and it waited on until the deadline: the cap is the cause.
             what += f" after hitting the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"

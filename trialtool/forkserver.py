@@ -1,0 +1,228 @@
+"""A small process that forks call supervisors for a long-lived, possibly threaded, Python process.
+
+The CLI forks each call's supervisor from itself (launcher.py): it is a fresh,
+single-threaded process. A harness that embeds trialtool is neither: it has
+threads (asyncio's executor, its own), and forking a threaded process can
+deadlock the child on a lock another thread held. It also carries a large heap
+(the encoder alone is ~100 MB of Python objects), which makes every fork and
+the supervisor's first steps slow (page tables, copy-on-write faults).
+
+So the API starts this server once, with fork+exec (safe from threads), and
+asks it for a supervisor per call. It is single-threaded, has the supervisor's
+modules imported already and a small heap, so a fork costs well under a
+millisecond. The caller passes the supervisor's four descriptors (two spools,
+the result pipe's write end, the control pipe's read end) over a Unix socket
+(SCM_RIGHTS) and gets the pid back; everything else between caller and
+supervisor goes through those pipes exactly as with a direct fork.
+
+Lifetimes: the server reaps its supervisors. When the caller's socket reaches
+EOF (the caller closed it, exited or was killed) the server waits for the
+supervisors still running and exits. A supervisor whose caller is gone sees
+EOF on its control pipe and stops its command's tree; one whose server is
+killed gets its parent-death signal and does the same. POSIX only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+import sys
+import threading
+
+_PID = struct.Struct("!q")
+#: Names the four descriptors a request carries, in order.
+_FDS = 4
+
+
+class ForkServer:
+    """The caller's side: start the server on first use, then ask it for supervisors. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._process: object = None
+        self._owner_pid = -1
+
+    def _start(self) -> socket.socket:
+        import subprocess
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        code = (
+            "import sys; sys.path.insert(0, sys.argv[1]); "
+            "from trialtool.forkserver import serve; serve(int(sys.argv[2]))"
+        )
+        # stdout is /dev/null: nothing it or a supervisor prints can reach the caller's
+        # stdout, which may be a protocol stream (serve, mcp).
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", code, package_root, str(theirs.fileno())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            pass_fds=(theirs.fileno(),),
+            close_fds=True,
+        )
+        theirs.close()
+        self._owner_pid = os.getpid()
+        return ours
+
+    def fork_supervisor(self, fds: tuple[int, int, int, int]) -> int:
+        """A new supervisor holding `fds` (spool out, spool err, result write end, control read end); its pid."""
+        with self._lock:
+            if self._sock is None or self._owner_pid != os.getpid():
+                self._sock = self._start()
+            sock = self._sock
+            try:
+                socket.send_fds(sock, [b"f"], list(fds))
+                reply = _recv_exact(sock, _PID.size)
+            except OSError as exc:
+                self._close_locked()
+                msg = f"the supervisor fork server failed: {exc.strerror or exc}"
+                raise OSError(exc.errno, msg) from exc
+            if len(reply) < _PID.size:
+                self._close_locked()
+                msg = "the supervisor fork server exited"
+                raise OSError(msg)
+            (pid,) = _PID.unpack(reply)
+            if pid < 0:
+                raise OSError(-pid, f"cannot fork a supervisor: {os.strerror(-pid)}")
+            return int(pid)
+
+    def _close_locked(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        process, self._process = self._process, None
+        if process is not None:
+            import subprocess
+
+            assert isinstance(process, subprocess.Popen)
+            # EOF on its socket: it waits for its supervisors (each ends with its call) and exits.
+            process.wait()
+
+    def close(self) -> None:
+        """Stop the server once the calls it started have ended."""
+        with self._lock:
+            self._close_locked()
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def serve(fd: int) -> None:
+    """The server's loop: hand a ready supervisor each request's descriptors, reply with its pid.
+
+    One supervisor is kept ready (forked, in its cgroup) ahead of the next
+    request, so that a call does not wait for the cgroup join; a new one is
+    forked as soon as one is handed out.
+    """
+    import selectors
+    import signal
+
+    from . import supervisor
+
+    # Imported and loaded once here, so that no supervisor pays for it.
+    supervisor.preload()
+    sock = socket.socket(fileno=fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    # The caller's Ctrl-C reaches us too (same process group); the caller decides.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    children: set[int] = set()
+    parent = os.getpid()
+
+    def fork_spare() -> tuple[int, socket.socket] | None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            return None
+        if pid == 0:
+            try:
+                sock.close()
+                ours.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+            finally:
+                supervisor.serve_spare(theirs.detach(), parent)
+        theirs.close()
+        children.add(pid)
+        return pid, ours
+
+    def reap() -> None:
+        for pid in list(children):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                children.discard(pid)
+
+    spare = fork_spare()
+    with selectors.DefaultSelector() as selector:
+        selector.register(sock, selectors.EVENT_READ)
+        selector.register(wake_r, selectors.EVENT_READ)
+        while True:
+            ready = {key.fd for key, _ in selector.select()}
+            if wake_r in ready:
+                try:
+                    while os.read(wake_r, 64):
+                        pass
+                except BlockingIOError:
+                    pass
+                reap()
+            if sock.fileno() not in ready:
+                continue
+            _, fds, _, _ = socket.recv_fds(sock, 16, _FDS)
+            if not fds:
+                break  # EOF: the caller is done or gone
+            reap()
+            if spare is not None and spare[0] not in children:
+                spare[1].close()  # it died waiting (killed from outside)
+                spare = None
+            if spare is None:
+                spare = fork_spare()
+            if spare is None or len(fds) != _FDS:
+                for each in fds:
+                    os.close(each)
+                sock.sendall(_PID.pack(-errno.EAGAIN))
+                continue
+            pid, handle = spare
+            try:
+                socket.send_fds(handle, [b"f"], fds)
+                reply = pid
+            except OSError as exc:
+                reply = -(exc.errno or errno.EIO)
+            handle.close()
+            for each in fds:
+                os.close(each)
+            sock.sendall(_PID.pack(reply))
+            spare = fork_spare()
+    sock.close()
+    if spare is not None:
+        spare[1].close()  # EOF: the spare removes its cgroup and exits
+    for pid in children:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    os._exit(0)
+
+
+__all__ = ["ForkServer", "serve"]
