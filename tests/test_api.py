@@ -14,6 +14,7 @@ EXPECTED = {
     "EXIT_NOT_FOUND",
     "EXIT_REFUSED",
     "EXIT_TIMEOUT",
+    "Budget",
     "BudgetExhausted",
     "CallResult",
     "EncoderError",
@@ -28,6 +29,9 @@ EXPECTED = {
     "TrialToolError",
     "UsageError",
     "__version__",
+    "ahandle_tool_call",
+    "handle_tool_call",
+    "openai_tool",
 }
 
 

@@ -1,14 +1,13 @@
 """trialtool: run an agent's tool calls within a trial's exact budgets of calls, tokens and time.
 
-The typed API is `Trial`, `Limits`, `CallResult` and the exception tree rooted
-in `TrialToolError`. Importing the package has no side effects and imports
-neither tiktoken nor psutil.
+The typed API is `Trial`, `Limits`, `CallResult`, `Budget` and the exception
+tree rooted in `TrialToolError`; `openai_tool` and `handle_tool_call` wire a
+trial into OpenAI-style function calling. Importing the package has no side
+effects and imports neither tiktoken nor psutil.
 """
 
 from __future__ import annotations
 
-# Not typing.TYPE_CHECKING: importing typing here would cost every run of trial-tool
-# ~6 ms before it can fork the call's supervisor.
 # The exception tree is loaded at once (errors.py imports nothing); the rest on
 # first use (PEP 562), so that `trial-tool` can fork the call's supervisor before
 # it imports the rest of the package. Not typing.TYPE_CHECKING: importing typing
@@ -35,10 +34,20 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .budget import Budget
     from .limits import Limits
+    from .openai_tools import ahandle_tool_call, handle_tool_call, openai_tool
     from .trial import CallResult, Trial
 
-_LAZY = {"Limits": "limits", "CallResult": "trial", "Trial": "trial"}
+_LAZY = {
+    "Budget": "budget",
+    "Limits": "limits",
+    "CallResult": "trial",
+    "Trial": "trial",
+    "openai_tool": "openai_tools",
+    "handle_tool_call": "openai_tools",
+    "ahandle_tool_call": "openai_tools",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -61,6 +70,7 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "EXIT_REFUSED",
     "EXIT_TIMEOUT",
+    "Budget",
     "BudgetExhausted",
     "CallResult",
     "EncoderError",
@@ -75,4 +85,7 @@ __all__ = [
     "TrialToolError",
     "UsageError",
     "__version__",
+    "ahandle_tool_call",
+    "handle_tool_call",
+    "openai_tool",
 ]

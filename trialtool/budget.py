@@ -48,4 +48,9 @@ def of(state: dict[str, Any]) -> Budget:
     )
 
 
-__all__ = ["Budget", "of"]
+def fresh(limits: Limits) -> Budget:
+    """The budget of a trial not started yet."""
+    return Budget(0, int(limits.max_calls), 0, int(limits.max_tokens), 0.0, float(limits.trial_timeout), 0, 0)
+
+
+__all__ = ["Budget", "fresh", "of"]

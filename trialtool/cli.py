@@ -4,6 +4,9 @@
     trial-tool init  --state S --log L [limits]
     trial-tool status --state S --log L
     trial-tool verify --state S --log L [--json]
+    trial-tool serve --state S --log L [limits] [--max-concurrent N]   JSON lines on stdin/stdout
+    trial-tool mcp   --state S --log L [limits] [--max-concurrent N]   an MCP stdio server
+    trial-tool shim DIR --state S --log L [limits]   write DIR/sh, DIR/bash: budgeted shells
 
 Everything after the first `--` is the command, untouched. Every TrialToolError
 becomes one line on stderr and its class's exit code, in `main` and nowhere else.
@@ -27,8 +30,11 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
     from .limits import Limits
+    from .trial import Trial
 
-SUBCOMMANDS = ("run", "init", "status", "verify")
+SUBCOMMANDS = ("run", "init", "status", "verify", "serve", "mcp", "shim")
+#: Subcommands that create trials or run calls, and so take the limits.
+_CALLING = ("run", "init", "serve", "mcp", "shim")
 #: Set by `entry`: the process ends with os._exit, so big objects (the encoder's
 #: 200k-entry rank table takes ~0.1 s to free) are kept here rather than freed.
 _KEEP_UNTIL_EXIT: list[object] | None = None
@@ -90,7 +96,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
     )
     if command == "verify":
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    if command in ("run", "init"):
+    if command in _CALLING:
         from .limits import CLIP_MODES, Limits
 
         defaults = Limits()
@@ -110,6 +116,23 @@ def _parser(command: str) -> argparse.ArgumentParser:
             default=None,
             help=f"how to cut output over the allowance (default {defaults.clip})",
         )
+    if command in ("serve", "mcp"):
+        server = parser.add_argument_group("the server")
+        server.add_argument(
+            "--max-concurrent",
+            type=int,
+            default=4,
+            metavar="N",
+            help="tool calls run at once; more wait (default %(default)s)",
+        )
+    if command == "serve":
+        server.add_argument(
+            "--max-request-bytes",
+            type=int,
+            default=1 << 20,
+            metavar="N",
+            help="longest request line; longer ones get an error (default %(default)s)",
+        )
     if command == "run":
         call = parser.add_argument_group("this call's command (not pinned)")
         call.add_argument("--cwd", default=None, help="directory to run the command in")
@@ -118,6 +141,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
         call.add_argument(
             "--clean-env", action="store_true", help="start from PATH, HOME, LANG, TERM and a few more only"
         )
+    if command == "shim":
+        parser.add_argument("directory", help="where to write the sh and bash shims")
+    if command in ("run", "serve", "mcp", "shim"):
         parser.add_argument(
             "--o200k-file",
             default=None,
@@ -231,16 +257,7 @@ def _run(argv: list[str]) -> int:
         with Launcher(os.path.dirname(os.path.abspath(args.state))) as launcher:
             from . import environment
             from .interrupts import InterruptWatch
-            from .trial import Trial
-
-            trial = Trial(
-                args.state,
-                args.log,
-                limits=_overrides(args),
-                lock_timeout=args.lock_timeout,
-                rank_file=args.o200k_file,
-                key=_key(args),
-            )
+            trial = _trial(args)
             env = dict(environment.parse_assignment(item) for item in args.env)
             with InterruptWatch() as interrupt:
                 result = trial.run(
@@ -270,13 +287,61 @@ def _run(argv: list[str]) -> int:
 
         print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
         return 0 if report.ok else EXIT_VERIFY_FAILED
-    from .trial import Trial
+    if command == "shim":
+        return _install_shim(args)
+    if command in ("serve", "mcp"):
+        if args.max_concurrent < 1:
+            raise UsageError("--max-concurrent must be at least 1")
+        trial = _trial(args)
+        # Made (or its limits checked) now: a mismatch stops the server before any request.
+        trial.open()
+        if command == "serve":
+            from . import serve
 
-    trial = Trial(args.state, args.log, limits=_overrides(args), lock_timeout=args.lock_timeout, key=_key(args))
+            if args.max_request_bytes < 2:
+                raise UsageError("--max-request-bytes must be at least 2")
+            return serve.run(trial, max_concurrent=args.max_concurrent, max_request_bytes=args.max_request_bytes)
+        from . import mcp_server
+
+        return mcp_server.run(trial, max_concurrent=args.max_concurrent)
+    trial = _trial(args)
     state = trial.init() if command == "init" else trial.status()
     import json
 
     print(json.dumps(_describe(state), indent=2, sort_keys=True))
+    return 0
+
+
+def _trial(args: argparse.Namespace | SimpleNamespace) -> Trial:
+    """The Trial the flags name."""
+    from .trial import Trial
+
+    return Trial(
+        args.state,
+        args.log,
+        limits=_overrides(args),
+        lock_timeout=args.lock_timeout,
+        rank_file=getattr(args, "o200k_file", None),
+        key=_key(args),
+    )
+
+
+def _install_shim(args: argparse.Namespace | SimpleNamespace) -> int:
+    """Create (or check) the trial, then write shims that run calls of it with these flags."""
+    from . import shim
+
+    _trial(args).open()
+    # Absolute paths: the shims run from whatever directory the harness is in.
+    flags = ["--state", os.path.abspath(args.state), "--log", os.path.abspath(args.log)]
+    flags += ["--lock-timeout", repr(args.lock_timeout)]
+    for name, value in _overrides(args).items():
+        shown = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+        flags += ["--" + name.replace("_", "-"), shown]
+    for flag, value in (("--key-file", args.key_file), ("--o200k-file", args.o200k_file)):
+        if value is not None:
+            flags += [flag, os.path.abspath(value)]
+    for path in shim.install(args.directory, flags):
+        print(path)
     return 0
 
 

@@ -208,6 +208,16 @@ class Ledger:
             self._write(state, sync_directory=True)
         return state
 
+    def open(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The trial's state, creating the trial if it does not exist; LimitMismatch if its limits differ."""
+        self.ensure_directory()
+        with self._lock():
+            state = self._open(overrides, create=True)
+            if state["calls"] == 0 and state["log"].records == 0 and self.load() is None:
+                self._write(state, sync_directory=True)
+        state["elapsed_seconds"] = clock.elapsed(state["clock"], state["started_at"], state["elapsed_seconds"])
+        return state
+
     def status(self) -> dict[str, Any]:
         """The state as a reader sees it now, with the trial time brought up to date."""
         with self._lock():

@@ -20,13 +20,14 @@ from .errors import (
     EXIT_NOT_FOUND,
     EXIT_TIMEOUT,
     Interrupted,
+    StateError,
     TrialToolError,
     UsageError,
 )
 from .forkserver import ForkServer
 from .launcher import Launcher
 from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
-from .limits import FLAG_OF, Limits
+from .limits import FLAG_OF, Limits, from_overrides
 
 
 class CallResult(NamedTuple):
@@ -49,6 +50,13 @@ class CallResult(NamedTuple):
     record: dict[str, Any]
     #: The trial's budget just after this call was recorded.
     budget: Budget
+
+    def as_json(self) -> dict[str, Any]:
+        """The result as the front doors (serve, mcp) report it: everything but the audit record."""
+        shown = self._asdict()
+        del shown["record"]
+        shown["budget"] = self.budget.as_json()
+        return shown
 
 
 #: The shell that runs a command given as a string.
@@ -150,13 +158,22 @@ class Trial:
         """Create the trial and pin its limits."""
         return self.ledger.init(self.overrides)
 
+    def open(self) -> Budget:
+        """Create the trial if it does not exist yet, else check its pinned limits (LimitMismatch); its budget."""
+        return budget.of(self.ledger.open(self.overrides))
+
     def status(self) -> dict[str, Any]:
         """The trial's state now."""
         return self.ledger.status()
 
     def budget(self) -> Budget:
-        """What the trial has used and has left now; StateError if it does not exist yet."""
-        return budget.of(self.ledger.status())
+        """What the trial has used and has left now (all of it, if it does not exist yet; nothing is created)."""
+        try:
+            return budget.of(self.ledger.status())
+        except StateError:
+            if os.path.lexists(self.ledger.state_path):
+                raise
+            return budget.fresh(from_overrides(self.overrides))
 
     async def arun(self, command: list[str] | tuple[str, ...] | str, **options: Any) -> CallResult:
         """`run` for asyncio: the call runs in the loop's default executor.

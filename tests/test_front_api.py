@@ -1,0 +1,185 @@
+"""The Python API as a harness uses it: warm calls, threads, asyncio tasks, cancellation, budgets."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import TrialFiles, marked, wait_until
+from trialtool import Budget, BudgetExhausted, CallResult, Trial, UsageError, tokens
+from trialtool.verify import verify
+
+
+@pytest.fixture
+def api(trial: TrialFiles) -> Iterator[Trial]:
+    """A Trial used in-process; closed afterwards, and its fork server checked gone."""
+    before = {proc.pid for proc in psutil.Process().children()}
+    with Trial(trial.state, trial.log, limits={"max_calls": 50}) as handle:
+        yield handle
+    after = {proc.pid for proc in psutil.Process().children()}
+    assert after <= before, "the fork server outlived Trial.close()"
+
+
+def test_argv_and_shell_string(api: Trial, trial: TrialFiles) -> None:
+    first = api.run(["printf", "%s", "a b"])
+    assert isinstance(first, CallResult)
+    assert (first.status, first.exit_code, first.stdout, first.stderr) == ("ok", 0, "a b", "")
+    second = api.run("echo out; echo err >&2; exit 3")
+    assert (second.status, second.exit_code, second.stdout, second.stderr) == ("error", 3, "out\n", "err\n")
+    assert second.record["command"] == ["/bin/sh", "-c", "echo out; echo err >&2; exit 3"]
+    assert isinstance(second.budget, Budget)
+    assert second.budget.calls_used == 2 and second.budget.calls_left == 48
+    assert second.budget.tokens_used == first.delivered_tokens + second.delivered_tokens
+    now, later = api.budget(), api.budget()
+    assert (now.calls_used, now.tokens_used) == (2, second.budget.tokens_used)
+    assert second.budget.seconds_used <= now.seconds_used <= later.seconds_used  # the trial clock only advances
+    assert verify(trial.state, trial.log).ok
+
+
+def test_budget_and_open(trial: TrialFiles) -> None:
+    with Trial(trial.state, trial.log, limits={"max_calls": 3, "max_tokens": 100}) as fresh:
+        budget = fresh.open()  # creates the trial
+        assert (budget.calls_used, budget.calls_left, budget.tokens_left, budget.exhausted) == (0, 3, 100, False)
+        assert fresh.open().calls_left == 3  # opening again changes nothing
+    assert trial.state_json()["calls"] == 0
+
+
+def test_cwd_defaults_to_the_callers_directory_at_call_time(api: Trial, tmp_path: Path) -> None:
+    here = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        assert api.run("pwd").stdout == f"{tmp_path}\n"
+    finally:
+        os.chdir(here)
+    assert api.run("pwd", cwd="/").stdout == "/\n"
+    with pytest.raises(UsageError):
+        api.run("pwd", cwd=str(tmp_path / "missing"))
+
+
+def test_timeout_shortens_the_deadline(api: Trial) -> None:
+    result = api.run(["sleep", "30"], timeout=0.3)
+    assert (result.status, result.exit_code) == ("timeout", 124)
+    assert result.record["deadline_kind"] == "request" and result.record["deadline_seconds"] == 0.3
+    assert "the call's timeout" in result.stderr
+    for bad in (0, -1, float("nan"), "1"):
+        with pytest.raises(UsageError):
+            api.run(["true"], timeout=bad)  # type: ignore[arg-type]
+
+
+def test_bad_commands_are_usage_errors_and_not_charged(api: Trial) -> None:
+    for bad in ([], "", "   ", ["echo", 3]):
+        with pytest.raises(UsageError):
+            api.run(bad)  # type: ignore[arg-type]
+    assert api.budget().calls_used == 0
+
+
+def test_threads_share_one_trial_exactly(trial: TrialFiles) -> None:
+    with Trial(trial.state, trial.log, limits={"max_calls": 6}) as shared:
+
+        def one(n: int) -> CallResult | str:
+            try:
+                return shared.run(f"echo {n}")
+            except BudgetExhausted as exc:
+                return exc.status
+
+        with ThreadPoolExecutor(10) as pool:
+            outcomes = list(pool.map(one, range(10)))
+    ran = [o for o in outcomes if isinstance(o, CallResult)]
+    assert len(ran) == 6 and outcomes.count("maximum_tool_calls") == 4
+    assert sorted(o.sequence for o in ran) == [1, 2, 3, 4, 5, 6]
+    state = trial.state_json()
+    assert (state["calls"], state["refused_calls"], state["in_flight"]) == (6, 4, {})
+    assert state["emitted_tokens"] == sum(o.delivered_tokens for o in ran)
+    assert verify(trial.state, trial.log).ok
+
+
+def test_async_tasks_run_at_once(api: Trial, trial: TrialFiles) -> None:
+    async def main() -> list[CallResult]:
+        return await asyncio.gather(*(api.arun(f"sleep 0.3; echo {n}") for n in range(4)))
+
+    results = asyncio.run(main())
+    assert sorted(r.stdout for r in results) == ["0\n", "1\n", "2\n", "3\n"]
+    # They overlapped: some call started before another had ended (no clock is asserted).
+    spans = sorted((r.record["started_at_utc"], r.record["ended_at_utc"]) for r in results)
+    assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))
+    assert asyncio.run(api.abudget()).calls_used == 4
+    assert verify(trial.state, trial.log).ok
+
+
+def test_cancelling_a_task_stops_its_command(api: Trial, trial: TrialFiles, marker: str, tmp_path: Path) -> None:
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(api.arun(f"echo started > {fifo}; sleep 60; : {marker}"))
+        # The command announces itself through the FIFO: an event, not a sleep.
+        await asyncio.to_thread(fifo.read_text)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert wait_until(lambda: not marked(marker))
+    (record,) = trial.records()
+    assert record["status"] == "interrupted" and record["charged"] is True
+    assert "cancelled" in record["trial_tool_notice"]
+    assert trial.state_json()["in_flight"] == {}
+
+
+def test_encoder_is_built_once_per_process(trial: TrialFiles, tmp_path: Path) -> None:
+    other = TrialFiles(tmp_path / "other")
+    other.root.mkdir()
+    with Trial(trial.state, trial.log) as one, Trial(other.state, other.log) as two:
+        one.run("echo one")
+        two.run("echo two")
+    path = tokens.locate()
+    assert tokens.verified(path) is tokens.verified(path)
+    assert tokens.verified(path).encoder() is tokens.verified(path, recheck=True).encoder()
+
+
+HARNESS = textwrap.dedent(
+    """
+    import sys
+    from trialtool import Trial
+    trial = Trial(sys.argv[1], sys.argv[2])
+    trial.run("echo warm")
+    print("running", flush=True)
+    trial.run(["sh", "-c", "sleep 60; : " + sys.argv[3]])
+    """
+)
+
+
+def test_a_killed_harness_leaves_nothing_running(trial: TrialFiles, marker: str) -> None:
+    harness = subprocess.Popen(
+        [sys.executable, "-c", HARNESS, str(trial.state), str(trial.log), marker],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert harness.stdout is not None
+        assert harness.stdout.readline() == b"running\n"
+        assert wait_until(lambda: bool(marked(marker)))
+        children = psutil.Process(harness.pid).children(recursive=True)
+        harness.send_signal(signal.SIGKILL)
+        harness.wait(timeout=30)
+    finally:
+        harness.kill()
+        harness.wait()
+        assert harness.stdout is not None
+        harness.stdout.close()
+    # The command, its supervisor and the fork server all go.
+    assert wait_until(lambda: not marked(marker))
+    assert wait_until(lambda: not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE])
+    with Trial(trial.state, trial.log) as after:
+        after.run("echo next")
+    assert [row["status"] for row in trial.records()] == ["ok", "abandoned", "ok"]

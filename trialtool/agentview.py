@@ -1,0 +1,45 @@
+"""What an agent reads back from a tool call, the same through every front door (MCP, OpenAI).
+
+The delivered stdout and stderr are separate blocks, each exactly the text that
+was counted: joined into one string, BPE could count the seam differently.
+A last block is trial-tool's framing (exit code, status, budget left), in a
+fixed format of a few dozen tokens. The framing is not charged to the token
+budget: it is the tool's answer about the call, not the command's output, and
+it is the same for every trial, so budgets stay comparable.
+"""
+
+from __future__ import annotations
+
+from .budget import Budget
+from .errors import BudgetExhausted, TrialToolError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .trial import CallResult
+
+
+def left(budget: Budget) -> str:
+    """`left: 11 calls, 49990 tokens, 3595 s`."""
+    calls = f"{budget.calls_left} call" + ("" if budget.calls_left == 1 else "s")
+    return f"left: {calls}, {budget.tokens_left} tokens, {budget.seconds_left:.0f} s"
+
+
+def framing(result: CallResult) -> str:
+    """The footer block: `[exit code 0 · ok · left: 11 calls, 49990 tokens, 3595 s]`."""
+    clipped = " · output clipped" if result.output_truncated and result.status != "truncated" else ""
+    return f"[exit code {result.exit_code} · {result.status}{clipped} · {left(result.budget)}]"
+
+
+def blocks(result: CallResult) -> list[str]:
+    """Non-empty delivered stdout, non-empty delivered stderr, then the framing."""
+    return [text for text in (result.stdout, result.stderr) if text] + [framing(result)]
+
+
+def refusal(error: TrialToolError) -> str:
+    """What the agent reads when the call did not run (budget spent, bad arguments, a trial-tool failure)."""
+    if isinstance(error, BudgetExhausted):
+        return f"[trial-tool: {error.message}; the trial's budget is spent, no more tool calls will run]"
+    return f"[trial-tool: the call did not run: {error.message}]"
+
+
+__all__ = ["blocks", "framing", "left", "refusal"]
