@@ -257,6 +257,7 @@ def _run(argv: list[str]) -> int:
         with Launcher(os.path.dirname(os.path.abspath(args.state))) as launcher:
             from . import environment
             from .interrupts import InterruptWatch
+
             trial = _trial(args)
             env = dict(environment.parse_assignment(item) for item in args.env)
             with InterruptWatch() as interrupt:
@@ -293,13 +294,14 @@ def _run(argv: list[str]) -> int:
         if args.max_concurrent < 1:
             raise UsageError("--max-concurrent must be at least 1")
         trial = _trial(args)
-        # Made (or its limits checked) now: a mismatch stops the server before any request.
-        trial.open()
+        # The trial is made (or its limits checked) before the first request: a mismatch
+        # stops the server at once. Its clock starts then, so the MCP SDK is loaded first.
         if command == "serve":
             from . import serve
 
             if args.max_request_bytes < 2:
                 raise UsageError("--max-request-bytes must be at least 2")
+            trial.open()
             return serve.run(trial, max_concurrent=args.max_concurrent, max_request_bytes=args.max_request_bytes)
         from . import mcp_server
 

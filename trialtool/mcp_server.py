@@ -81,6 +81,7 @@ def build(trial: Trial, *, max_concurrent: int = 4) -> Any:
 def run(trial: Trial, *, max_concurrent: int) -> int:
     """The `trial-tool mcp` process: serve until the client closes stdin."""
     server = build(trial, max_concurrent=max_concurrent)
+    trial.open()
     try:
         server.run("stdio")
     finally:

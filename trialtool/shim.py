@@ -85,19 +85,24 @@ def install(directory: str, flags: list[str]) -> list[str]:
 
 def runs_something(shell_args: list[str]) -> bool:
     """Would `sh ARGS` run a command string or a script, rather than read commands from stdin?"""
-    for arg in shell_args:
-        if arg == "--":
-            continue
-        if arg.startswith("--"):
+    args = iter(shell_args)
+    for arg in args:
+        if arg in _TAKES_VALUE:
+            next(args, None)  # -o pipefail, -O extglob, --rcfile FILE
+        elif arg == "--" or arg.startswith("--"):
             continue  # bash's long options (--login, --norc, ...)
-        if arg.startswith(("-", "+")) and len(arg) > 1:
-            if arg[0] == "-" and "c" in arg[1:] and not arg.startswith("-o"):
+        elif arg.startswith(("-", "+")) and len(arg) > 1:
+            if arg[0] == "-" and "c" in arg[1:]:
                 return True  # -c, -lc, -ec ...
-            if arg[0] == "-" and arg[1:] == "s":
-                return False  # explicitly: read from stdin
-            continue
-        return True  # the first operand is a script to run
+            if "s" in arg[1:]:
+                return False  # explicitly: read commands from stdin
+        else:
+            return True  # the first operand is a script to run
     return False
+
+
+#: Shell options whose value is the next argument.
+_TAKES_VALUE = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 
 
 def main(argv: list[str] | None = None) -> int:

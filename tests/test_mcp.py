@@ -1,0 +1,88 @@
+"""`trial-tool mcp` end to end, driven by the MCP SDK's own client over stdio."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.conftest import TrialFiles
+from trialtool.verify import verify
+
+mcp = pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install 'trialtool[mcp]')")
+from mcp import Client  # noqa: E402
+from mcp.client.stdio import StdioServerParameters  # noqa: E402
+
+
+def with_client(trial: TrialFiles, body: Callable[[Any], Awaitable[None]], *flags: str) -> None:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "trialtool", "mcp", "--state", str(trial.state), "--log", str(trial.log), *flags],
+    )
+
+    async def main() -> None:
+        async with Client(params) as client:
+            await body(client)
+
+    anyio.run(main)
+
+
+def texts(result: Any) -> list[str]:
+    return [block.text for block in result.content]
+
+
+def test_tools_run_and_report(trial: TrialFiles) -> None:
+    async def body(client: Any) -> None:
+        listed = await client.list_tools()
+        tools = {tool.name: tool for tool in listed.tools}
+        assert set(tools) == {"run_shell", "budget"}
+        assert tools["run_shell"].input_schema["required"] == ["command"]
+
+        result = await client.call_tool("run_shell", {"command": "echo out; echo err >&2; exit 3"})
+        assert not result.is_error
+        out, err, framing = texts(result)
+        assert (out, err) == ("out\n", "err\n")
+        assert re.fullmatch(r"\[exit code 3 · error · left: 3 calls, 49996 tokens, 3\d\d\d s\]", framing)
+        assert result.structured_content["exit_code"] == 3
+        assert result.structured_content["budget"]["calls_left"] == 3
+
+        # stdin is /dev/null: `cat` ends at once instead of reading the protocol stream.
+        result = await client.call_tool("run_shell", {"command": "cat; pwd", "cwd": "/"})
+        assert texts(result)[0] == "/\n"
+
+        left = await client.call_tool("budget", {})
+        assert left.structured_content["calls_used"] == 2 and left.structured_content["exhausted"] is False
+
+    with_client(trial, body, "--max-calls", "4")
+    assert verify(trial.state, trial.log).ok
+
+
+def test_spent_budget_is_a_tool_error(trial: TrialFiles) -> None:
+    async def body(client: Any) -> None:
+        assert not (await client.call_tool("run_shell", {"command": "true"})).is_error
+        refused = await client.call_tool("run_shell", {"command": "echo never"})
+        assert refused.is_error
+        assert "budget is spent" in texts(refused)[0] and "--max-calls" in texts(refused)[0]
+        left = await client.call_tool("budget", {})
+        assert left.structured_content["exhausted"] is True
+
+    with_client(trial, body, "--max-calls", "1")
+    rows = trial.records()
+    assert [row["status"] for row in rows] == ["ok", "maximum_tool_calls"]
+
+
+def test_calls_run_at_once(trial: TrialFiles) -> None:
+    async def body(client: Any) -> None:
+        async with anyio.create_task_group() as group:
+            for n in range(3):
+                group.start_soon(client.call_tool, "run_shell", {"command": f"sleep 0.3; echo {n}"})
+
+    with_client(trial, body)
+    spans = sorted((row["started_at_utc"], row["ended_at_utc"]) for row in trial.records())
+    assert len(spans) == 3
+    assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))
