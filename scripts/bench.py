@@ -6,7 +6,9 @@
 Prints, for each case, the bare command's median wall time, trial-tool's, the
 overhead (their difference) and the ratio, plus what the imports cost. Targets
 (issue 2): a call with no output at most 80 ms over bare; a call with output
-pays for the encoder once and tokenizes once.
+pays for the encoder once and tokenizes once. Issue 5: per-call overhead of a
+warm front door over a bare `subprocess.run` of `echo hello` in the same
+process: the API at most 5 ms, `serve` 10 ms, an MCP tool call 20 ms.
 """
 
 from __future__ import annotations
@@ -23,6 +25,68 @@ import time
 from pathlib import Path
 
 TARGET_NO_OUTPUT_MS = 80.0
+TARGET_WARM_MS = {"API": 5.0, "serve": 10.0, "MCP": 20.0}
+
+# Runs in a fresh interpreter: bare `subprocess.run` and each warm front door take
+# turns call by call, so that the machine's drift hits both alike. Prints JSON.
+_WARM = r"""
+import asyncio, json, statistics, subprocess, sys, tempfile, time
+from pathlib import Path
+runs, tool, pause = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+root = Path(tempfile.mkdtemp())
+limits = ["--max-calls", "1000000", "--max-tokens", "1000000000"]
+out = {}
+
+def bare(argv):
+    subprocess.run(argv, capture_output=True)
+
+def pair(name, call, argv, n=runs):
+    for _ in range(3):
+        call()
+    base, tooled = [], []
+    for _ in range(n):
+        time.sleep(pause)
+        t = time.perf_counter(); bare(argv); base.append(time.perf_counter() - t)
+        time.sleep(pause)
+        t = time.perf_counter(); call(); tooled.append(time.perf_counter() - t)
+    out[name] = [statistics.median(base), statistics.median(tooled)]
+
+from trialtool import Trial
+with Trial(root / "api.json", root / "api.jsonl", limits={"max_calls": 1000000, "max_tokens": 10**9}) as trial:
+    pair("API", lambda: trial.run(["echo", "hello"]), ["echo", "hello"])
+
+serve = subprocess.Popen([tool, "serve", "--state", str(root / "s.json"), "--log", str(root / "s.jsonl"), *limits],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+request = json.dumps({"id": 1, "method": "run", "params": {"command": ["echo", "hello"]}}).encode() + b"\n"
+def over_serve():
+    serve.stdin.write(request); serve.stdin.flush()
+    assert b'"ok"' in serve.stdout.readline()
+pair("serve", over_serve, ["echo", "hello"])
+serve.stdin.close(); serve.wait(); serve.stdout.close()
+
+try:
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+except ImportError:
+    Client = None
+if Client is not None:
+    async def main():
+        params = StdioServerParameters(command=tool, args=["mcp", "--state", str(root / "m.json"),
+                                                           "--log", str(root / "m.jsonl"), *limits])
+        async with Client(params) as client:
+            for _ in range(3):
+                await client.call_tool("run_shell", {"command": "echo hello"})
+            base, tooled = [], []
+            for _ in range(runs):
+                await asyncio.sleep(pause)
+                t = time.perf_counter(); bare(["/bin/sh", "-c", "echo hello"]); base.append(time.perf_counter() - t)
+                await asyncio.sleep(pause)
+                t = time.perf_counter(); await client.call_tool("run_shell", {"command": "echo hello"})
+                tooled.append(time.perf_counter() - t)
+            out["MCP"] = [statistics.median(base), statistics.median(tooled)]
+    asyncio.run(main())
+print(json.dumps(out))
+"""
 
 
 FASTEST: dict[str, float] = {}
@@ -87,6 +151,24 @@ def stopping(tool: str, work: Path, python: str, no_output: float, runs: int = 5
         )
 
 
+def warm_figures(tool: str, python: str, runs: int) -> None:
+    """Issue 5's figures: each warm front door against bare subprocess.run, in one process."""
+    print("\nwarm front doors, `echo hello` (MCP: `sh -c 'echo hello'`, against the same bare), median ms:")
+    print(f"  {'door':<8}{'pacing':<16}{'bare':>8}{'door':>8}{'overhead':>10}{'ratio':>8}{'target':>9}")
+    for pause, label in ((0.0, "back to back"), (0.1, "0.1 s apart")):
+        done = subprocess.run(
+            [python, "-c", _WARM, str(runs), tool, str(pause)], capture_output=True, text=True, check=True
+        )
+        for door, (bare, tooled) in json.loads(done.stdout).items():
+            over = (tooled - bare) * 1000
+            target = TARGET_WARM_MS[door]
+            verdict = "meets" if over <= target else "MISSES"
+            print(
+                f"  {door:<8}{label:<16}{bare * 1000:>8.2f}{tooled * 1000:>8.2f}{over:>10.2f}"
+                f"{tooled / bare:>7.1f}x  {verdict} {target:.0f}"
+            )
+
+
 def ledger_figures(tool: str, work: Path, python: str) -> None:
     """Issue 4's figures: 20 parallel calls against their serial time, and the ledger's own cost."""
     print("\nledger:")
@@ -118,7 +200,7 @@ def ledger_figures(tool: str, work: Path, python: str) -> None:
         "print((time.perf_counter() - started) / n * 1000)\n"
     )
     done = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
-    print(f"  reserve + commit, in process (lock, chain walk, 5 fsyncs): {float(done.stdout):.2f} ms a call")
+    print(f"  reserve + commit, in process (lock, checks, 3 fsyncs): {float(done.stdout):.2f} ms a call")
 
 
 def main() -> int:
@@ -140,7 +222,7 @@ def main() -> int:
 
     cases = [
         ("true (no output)", ["true"]),
-        ("echo hello", ["echo", "hello"]),
+        ("echo hello (cold CLI)", ["echo", "hello"]),
         ("cat 1 MiB of text", ["cat", str(big)]),
     ]
     print(f"trial-tool: {tool}\nruns per case: {args.runs} (median wall time)\n")
@@ -168,6 +250,7 @@ def main() -> int:
         f"trial-tool `true`: fastest {FASTEST[tool_true] * 1000:.1f} ms"
     )
     no_output = results["true (no output)"][1]
+    warm_figures(tool, python, args.runs)
     stopping(tool, work, python, no_output)
     ledger_figures(tool, work, python)
     print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")

@@ -246,9 +246,14 @@ class Trial:
         if timeout is not None and not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
             msg = f"timeout must be a positive number of seconds, not {timeout!r}"
             raise UsageError(msg)
-        if cwd is None:
-            cwd = os.getcwd()
-        elif not os.path.isdir(cwd):
+        if cwd is None and launcher is None:
+            # The fork server's supervisors do not share our working directory: name it.
+            try:
+                cwd = os.getcwd()
+            except OSError as exc:
+                msg = f"the current directory is gone ({exc.strerror}); pass cwd"
+                raise UsageError(msg) from exc
+        elif cwd is not None and not os.path.isdir(cwd):
             msg = f"--cwd {os.fspath(cwd)} is not a directory"
             raise UsageError(msg)
         command_env = environment.build(clean=clean_env, set_vars=env, unset=unset_env)
