@@ -15,8 +15,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import TrialFiles, marked, wait_until
+from tests.test_ledger import check_ledger
 from trialtool import Budget, BudgetExhausted, CallResult, Trial, UsageError, tokens
 from trialtool.verify import verify
 
@@ -183,3 +186,38 @@ def test_a_killed_harness_leaves_nothing_running(trial: TrialFiles, marker: str)
     with Trial(trial.state, trial.log) as after:
         after.run("echo next")
     assert [row["status"] for row in trial.records()] == ["ok", "abandoned", "ok"]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    words=st.lists(st.integers(0, 80), min_size=1, max_size=10),
+    threads=st.integers(1, 6),
+    max_calls=st.integers(1, 8),
+    max_tokens=st.integers(1, 150),
+    max_call_tokens=st.integers(1, 60),
+)
+def test_threads_keep_the_ledger_exact(
+    tmp_path_factory: pytest.TempPathFactory,
+    words: list[int],
+    threads: int,
+    max_calls: int,
+    max_tokens: int,
+    max_call_tokens: int,
+) -> None:
+    root = tmp_path_factory.mktemp("threads")
+    limits = {"max_calls": max_calls, "max_tokens": max_tokens, "max_call_tokens": max_call_tokens}
+
+    def one(count: int) -> CallResult | None:
+        try:
+            return shared.run(f"printf 'w%.0s ' $(seq {count})")
+        except BudgetExhausted:
+            return None
+
+    with Trial(root / "s.json", root / "l.jsonl", limits=limits) as shared, ThreadPoolExecutor(threads) as pool:
+        outcomes = list(pool.map(one, words))
+    ran = [o for o in outcomes if o is not None]
+    state = check_ledger(root / "s.json", root / "l.jsonl")
+    assert state["calls"] == len(ran) <= max_calls and state["in_flight"] == {}
+    assert state["emitted_tokens"] == sum(o.delivered_tokens for o in ran) <= max_tokens
+    assert all(o.delivered_tokens <= o.allowance <= max_call_tokens for o in ran)
+    assert len({o.sequence for o in ran}) == len(ran)

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.conftest import TrialFiles
+from tests.conftest import ESCAPE, TrialFiles
 from trialtool.verify import verify
 
 mcp = pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install 'trialtool[mcp]')")
@@ -55,8 +55,12 @@ def test_tools_run_and_report(trial: TrialFiles) -> None:
         result = await client.call_tool("run_shell", {"command": "cat; pwd", "cwd": "/"})
         assert texts(result)[0] == "/\n"
 
+        # Writing to the stdout of every process above it reaches nothing but stderr or /dev/null.
+        result = await client.call_tool("run_shell", {"command": ESCAPE})
+        assert not result.is_error
+
         left = await client.call_tool("budget", {})
-        assert left.structured_content["calls_used"] == 2 and left.structured_content["exhausted"] is False
+        assert left.structured_content["calls_used"] == 3 and left.structured_content["exhausted"] is False
 
     with_client(trial, body, "--max-calls", "4")
     assert verify(trial.state, trial.log).ok

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import TrialFiles, marked, wait_until
+from tests.conftest import ESCAPE, TrialFiles, marked, wait_until
 from trialtool.verify import verify
 
 
@@ -114,6 +114,11 @@ def test_command_output_never_reaches_the_protocol(trial: TrialFiles) -> None:
     (response,) = responses  # one line per request, whatever the command printed
     assert response["result"]["stdout"].startswith('{"jsonrpc"')
     assert "to-stderr" in response["result"]["stderr"]
+    # Nor can it write to descriptor 1 of the server or any other ancestor: it is stderr or /dev/null there.
+    code, responses, stderr = session(trial, lines({"id": 2, "method": "run", "params": {"command": ESCAPE}}))
+    assert code == 0 and [r["id"] for r in responses] == [2]
+    assert responses[0]["result"]["stdout"] == "climbed\n"
+    assert b'"result":{}' in stderr  # it did write to the server's descriptor 1, which is stderr now
 
 
 def test_limits_are_checked_at_start(trial: TrialFiles) -> None:
