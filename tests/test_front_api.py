@@ -153,20 +153,22 @@ def test_encoder_is_built_once_per_process(trial: TrialFiles, tmp_path: Path) ->
 
 HARNESS = textwrap.dedent(
     """
-    import sys
+    import os, sys
     from trialtool import Trial
     trial = Trial(sys.argv[1], sys.argv[2])
     trial.run("echo warm")
     print("running", flush=True)
-    trial.run(["sh", "-c", "sleep 60; : " + sys.argv[3]])
+    trial.run(["sh", "-c", "sleep 60; : " + os.environ["MARKER"]])
     """
 )
 
 
 def test_a_killed_harness_leaves_nothing_running(trial: TrialFiles, marker: str) -> None:
     harness = subprocess.Popen(
-        [sys.executable, "-c", HARNESS, str(trial.state), str(trial.log), marker],
+        # The marker goes by the environment: only the command's command line carries it.
+        [sys.executable, "-c", HARNESS, str(trial.state), str(trial.log)],
         stdout=subprocess.PIPE,
+        env={**os.environ, "MARKER": marker},
     )
     try:
         assert harness.stdout is not None
@@ -221,3 +223,39 @@ def test_threads_keep_the_ledger_exact(
     assert state["emitted_tokens"] == sum(o.delivered_tokens for o in ran) <= max_tokens
     assert all(o.delivered_tokens <= o.allowance <= max_call_tokens for o in ran)
     assert len({o.sequence for o in ran}) == len(ran)
+
+
+INTERRUPTED_HARNESS = textwrap.dedent(
+    """
+    import os, sys
+    from trialtool import Trial
+    trial = Trial(sys.argv[1], sys.argv[2])
+    print("running", flush=True)
+    try:
+        trial.run(["sh", "-c", "sleep 60; : " + os.environ["MARKER"]])
+    except KeyboardInterrupt:
+        pass
+    trial.run("echo after")  # the same process goes on: the interrupted call must not stay in flight
+    print(trial.budget().in_flight, flush=True)
+    """
+)
+
+
+def test_keyboard_interrupt_in_a_harness_is_recorded_abandoned(trial: TrialFiles, marker: str) -> None:
+    harness = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_HARNESS, str(trial.state), str(trial.log)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "MARKER": marker},
+    )
+    try:
+        assert harness.stdout is not None
+        assert harness.stdout.readline() == b"running\n"
+        assert wait_until(lambda: bool(marked(marker)))
+        harness.send_signal(signal.SIGINT)
+        out, _ = harness.communicate(timeout=60)
+    finally:
+        harness.kill()
+        harness.wait()
+    assert out == b"0\n" and harness.returncode == 0
+    assert wait_until(lambda: not marked(marker))
+    assert [row["status"] for row in trial.records()] == ["abandoned", "ok"]

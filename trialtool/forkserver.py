@@ -31,6 +31,10 @@ import struct
 import sys
 import threading
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+
 _PID = struct.Struct("!q")
 #: Names the four descriptors a request carries, in order.
 _FDS = 4
@@ -42,7 +46,8 @@ class ForkServer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._process: object = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._retired: list[subprocess.Popen[bytes]] = []
         self._owner_pid = -1
 
     def _start(self) -> socket.socket:
@@ -70,18 +75,26 @@ class ForkServer:
     def fork_supervisor(self, fds: tuple[int, int, int, int]) -> int:
         """A new supervisor holding `fds` (spool out, spool err, result write end, control read end); its pid."""
         with self._lock:
-            if self._sock is None or self._owner_pid != os.getpid():
+            if self._owner_pid != os.getpid() and self._sock is not None:
+                # We are a fork of the process that started the server: it is that one's.
+                self._sock.close()
+                self._sock, self._process, self._retired = None, None, []
+            if self._sock is None:
                 self._sock = self._start()
             sock = self._sock
             try:
                 socket.send_fds(sock, [b"f"], list(fds))
                 reply = _recv_exact(sock, _PID.size)
-            except OSError as exc:
-                self._close_locked()
+            except BaseException as exc:
+                # A request cut short (an error, KeyboardInterrupt) leaves a reply unread:
+                # this connection is out of step, so retire the server and start afresh next time.
+                self._retire_locked()
+                if not isinstance(exc, OSError):
+                    raise
                 msg = f"the supervisor fork server failed: {exc.strerror or exc}"
                 raise OSError(exc.errno, msg) from exc
             if len(reply) < _PID.size:
-                self._close_locked()
+                self._retire_locked()
                 msg = "the supervisor fork server exited"
                 raise OSError(msg)
             (pid,) = _PID.unpack(reply)
@@ -89,22 +102,23 @@ class ForkServer:
                 raise OSError(-pid, f"cannot fork a supervisor: {os.strerror(-pid)}")
             return int(pid)
 
-    def _close_locked(self) -> None:
+    def _retire_locked(self) -> None:
+        """Close the connection without waiting: EOF makes the server exit once its supervisors have."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        process, self._process = self._process, None
-        if process is not None:
-            import subprocess
-
-            assert isinstance(process, subprocess.Popen)
-            # EOF on its socket: it waits for its supervisors (each ends with its call) and exits.
-            process.wait()
+        if self._process is not None:
+            self._retired.append(self._process)
+            self._process = None
 
     def close(self) -> None:
-        """Stop the server once the calls it started have ended."""
+        """Stop the server (and any retired one) once the calls they started have ended."""
         with self._lock:
-            self._close_locked()
+            self._retire_locked()
+            retired, self._retired = self._retired, []
+        for process in retired:
+            # EOF on its socket: it waits for its supervisors (each ends with its call) and exits.
+            process.wait()
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:

@@ -58,9 +58,12 @@ class Launcher:
         if self.forkserver is not None:
             try:
                 self.pid = self.forkserver.fork_supervisor((*self.spools, result_w, control_r))
-            except OSError as exc:
+            except BaseException as exc:
+                # Our ends closed: a supervisor that did get the descriptors sees EOF and exits.
                 self.__exit__()
-                raise TrialToolError(str(exc)) from exc
+                if isinstance(exc, OSError):
+                    raise TrialToolError(str(exc)) from exc
+                raise
             finally:
                 os.close(result_w)
                 os.close(control_r)

@@ -325,6 +325,12 @@ class Trial:
         except TrialToolError as exc:
             self._commit_failure(reservation, argv, started_wall, exc)
             raise
+        except BaseException:
+            # KeyboardInterrupt in a harness, say: the supervisor has stopped the tree;
+            # the call stays charged, and the next reservation records it as abandoned
+            # (this process lives on, so nothing else would).
+            self.ledger.abandon(reservation.sequence)
+            raise
         return outcome, reservation, started_wall
 
     def _commit_failure(
