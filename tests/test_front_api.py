@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -163,10 +164,12 @@ HARNESS = textwrap.dedent(
 )
 
 
-def test_a_killed_harness_leaves_nothing_running(trial: TrialFiles, marker: str) -> None:
+@contextlib.contextmanager
+def harness_running(code: str, trial: TrialFiles, marker: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A harness process, yielded once its marked command runs; killed and reaped afterwards."""
     harness = subprocess.Popen(
         # The marker goes by the environment: only the command's command line carries it.
-        [sys.executable, "-c", HARNESS, str(trial.state), str(trial.log)],
+        [sys.executable, "-c", code, str(trial.state), str(trial.log)],
         stdout=subprocess.PIPE,
         env={**os.environ, "MARKER": marker},
     )
@@ -174,14 +177,19 @@ def test_a_killed_harness_leaves_nothing_running(trial: TrialFiles, marker: str)
         assert harness.stdout is not None
         assert harness.stdout.readline() == b"running\n"
         assert wait_until(lambda: bool(marked(marker)))
-        children = psutil.Process(harness.pid).children(recursive=True)
-        harness.send_signal(signal.SIGKILL)
-        harness.wait(timeout=30)
+        yield harness
     finally:
         harness.kill()
         harness.wait()
         assert harness.stdout is not None
         harness.stdout.close()
+
+
+def test_a_killed_harness_leaves_nothing_running(trial: TrialFiles, marker: str) -> None:
+    with harness_running(HARNESS, trial, marker) as harness:
+        children = psutil.Process(harness.pid).children(recursive=True)
+        harness.send_signal(signal.SIGKILL)
+        harness.wait(timeout=30)
     # The command, its supervisor and the fork server all go.
     assert wait_until(lambda: not marked(marker))
     assert wait_until(lambda: not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE])
@@ -242,20 +250,11 @@ INTERRUPTED_HARNESS = textwrap.dedent(
 
 
 def test_keyboard_interrupt_in_a_harness_is_recorded_abandoned(trial: TrialFiles, marker: str) -> None:
-    harness = subprocess.Popen(
-        [sys.executable, "-c", INTERRUPTED_HARNESS, str(trial.state), str(trial.log)],
-        stdout=subprocess.PIPE,
-        env={**os.environ, "MARKER": marker},
-    )
-    try:
-        assert harness.stdout is not None
-        assert harness.stdout.readline() == b"running\n"
-        assert wait_until(lambda: bool(marked(marker)))
+    with harness_running(INTERRUPTED_HARNESS, trial, marker) as harness:
         harness.send_signal(signal.SIGINT)
-        out, _ = harness.communicate(timeout=60)
-    finally:
-        harness.kill()
-        harness.wait()
+        assert harness.stdout is not None
+        out = harness.stdout.read()
+        harness.wait(timeout=60)
     assert out == b"0\n" and harness.returncode == 0
     assert wait_until(lambda: not marked(marker))
     assert [row["status"] for row in trial.records()] == ["abandoned", "ok"]
