@@ -17,13 +17,18 @@ from typing import Any
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 
+_BOOT_ID: list[str | None] = []
+
+
 def boot_id() -> str | None:
-    """This boot's id on Linux, None elsewhere."""
-    try:
-        with open(_BOOT_ID_PATH, encoding="ascii") as handle:
-            return handle.read().strip() or None
-    except OSError:
-        return None
+    """This boot's id on Linux, None elsewhere. Read once per process: no process outlives its boot."""
+    if not _BOOT_ID:
+        try:
+            with open(_BOOT_ID_PATH, encoding="ascii") as handle:
+                _BOOT_ID.append(handle.read().strip() or None)
+        except OSError:
+            _BOOT_ID.append(None)
+    return _BOOT_ID[0]
 
 
 def boot_clock() -> float:
