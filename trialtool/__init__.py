@@ -35,14 +35,15 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .budget import Budget
+    from .callresult import CallResult
     from .limits import Limits
     from .openai_tools import ahandle_tool_call, handle_tool_call, openai_tool
-    from .trial import CallResult, Trial
+    from .trial import Trial
 
 _LAZY = {
     "Budget": "budget",
     "Limits": "limits",
-    "CallResult": "trial",
+    "CallResult": "callresult",
     "Trial": "trial",
     "openai_tool": "openai_tools",
     "handle_tool_call": "openai_tools",

@@ -15,7 +15,7 @@ from .errors import BudgetExhausted, TrialToolError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .trial import CallResult
+    from .callresult import CallResult
 
 
 def left(budget: Budget) -> str:

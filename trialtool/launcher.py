@@ -119,7 +119,7 @@ class Launcher:
         from .process import Resources, outcome
 
         assert self.spools is not None and self.pid > 0, "run() once, inside the with block"
-        # The fields of supervisor.Spec, which only the supervisor imports (it pulls in
+        # The fields of running.Spec, which only the supervisor imports (it pulls in
         # the cgroup code, which this side never needs).
         orders = {
             "argv": argv,

@@ -15,8 +15,9 @@ import json
 from typing import Any
 
 from . import agentview
+from .callresult import CallResult
 from .errors import TrialToolError
-from .trial import CallResult, Trial
+from .trial import Trial
 
 TOOL_NAME = "shell"
 

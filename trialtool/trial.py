@@ -7,18 +7,15 @@ import codecs
 import hashlib
 import math
 import os
-import signal
 import threading
 import time
 import weakref
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
-from . import budget, clipping, clock, environment, process, records, tokens
+from . import budget, clipping, clock, environment, process, records, tokens, verdict
 from .budget import Budget
+from .callresult import CallResult, Interrupt, command_argv
 from .errors import (
-    EXIT_NOT_EXECUTABLE,
-    EXIT_NOT_FOUND,
-    EXIT_TIMEOUT,
     Interrupted,
     StateError,
     TrialToolError,
@@ -27,73 +24,7 @@ from .errors import (
 from .forkserver import ForkServer
 from .launcher import Launcher
 from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
-from .limits import FLAG_OF, Limits, from_overrides
-
-
-class CallResult(NamedTuple):
-    """One call as the agent and the harness see it."""
-
-    sequence: int
-    #: The record's status word (ok, error, truncated, timeout, output_limit, command_error).
-    status: str
-    #: What the CLI exits with: the command's code, 124, 126, 127, or 128+signal.
-    exit_code: int
-    #: The text delivered to the agent, already clipped to the allowance.
-    stdout: str
-    stderr: str
-    #: o200k_base tokens of stdout + stderr as delivered (a recount of exactly that text).
-    delivered_tokens: int
-    allowance: int
-    #: True when the delivered text is not all the command printed.
-    output_truncated: bool
-    #: The audit record as written to the log.
-    record: dict[str, Any]
-    #: The trial's budget just after this call was recorded.
-    budget: Budget
-
-    def as_json(self) -> dict[str, Any]:
-        """The result as the front doors (serve, mcp) report it: everything but the audit record."""
-        shown = self._asdict()
-        del shown["record"]
-        shown["budget"] = self.budget.as_json()
-        return shown
-
-
-#: The shell that runs a command given as a string.
-SHELL = "/bin/sh"
-
-
-class Interrupt(Protocol):
-    """Something that can stop a call: interrupts.InterruptWatch (signals) or interrupts.Cancellation."""
-
-    @property
-    def fd(self) -> int:
-        """Readable once the call should stop."""
-
-    @property
-    def signum(self) -> int | None:
-        """Set once the call should stop."""
-
-    @property
-    def reason(self) -> str:
-        """Why, for the agent's notice."""
-
-
-def command_argv(command: list[str] | tuple[str, ...] | str) -> list[str]:
-    """A command as argv: a string runs under /bin/sh -c, as a shell tool call would."""
-    if isinstance(command, str):
-        if not command.strip():
-            msg = "empty command"
-            raise UsageError(msg)
-        return [SHELL, "-c", command]
-    argv = list(command)
-    if not argv:
-        msg = "no command given"
-        raise UsageError(msg)
-    if not all(isinstance(part, str) for part in argv):
-        msg = "a command's arguments must all be strings"
-        raise UsageError(msg)
-    return argv
+from .limits import from_overrides
 
 
 def _decode(data: bytes, cut_at_cap: bool) -> str:
@@ -368,7 +299,7 @@ class Trial:
         limits = reservation.limits
         stdout_cut = outcome.stdout_bytes > limits.max_capture_bytes
         stderr_cut = outcome.stderr_bytes > limits.max_capture_bytes
-        status, exit_code, notice = _judge(outcome, reservation, argv, stdout_cut, stderr_cut, interrupt)
+        status, exit_code, notice = verdict.judge(outcome, reservation, argv, stdout_cut, stderr_cut, interrupt)
         stdout_text = _decode(outcome.stdout, stdout_cut)
         stderr_text = _decode(outcome.stderr, stderr_cut)
         if stdout_text or stderr_text or notice:
@@ -447,71 +378,6 @@ class Trial:
             record=record,
             budget=budget.of(state),
         )
-
-
-def _judge(
-    outcome: process.Outcome,
-    reservation: Reservation,
-    argv: list[str],
-    stdout_cut: bool,
-    stderr_cut: bool,
-    interrupt: Interrupt | None,
-) -> tuple[str, int, str]:
-    """The call's status, the exit code to report, and trial-tool's notice for the agent (or "").
-
-    124 means trial-tool stopped the command (deadline, output cap, process-cap
-    sweep); a command the kernel stopped at a limit keeps its own code (128 + signal).
-    """
-    limits: Limits = reservation.limits
-    ended = outcome.ended
-    if ended == "not_found":
-        return "command_error", EXIT_NOT_FOUND, f"trial-tool: {argv[0]}: command not found\n"
-    if ended == "not_executable":
-        return "command_error", EXIT_NOT_EXECUTABLE, f"trial-tool: {argv[0]}: cannot execute: {outcome.error}\n"
-    if ended == "interrupted":
-        sig = (interrupt.signum if interrupt is not None else None) or signal.SIGINT
-        reason = interrupt.reason if interrupt is not None else "trial-tool was told to stop"
-        return "interrupted", 128 + sig, f"\n[trial-tool: stopped: {reason}]\n"
-    if ended == "deadline":
-        kind = reservation.deadline_kind
-        flag = {"call": FLAG_OF["call_timeout"], "trial": FLAG_OF["trial_timeout"]}.get(kind, "the call's timeout")
-        what = f"stopped at the {reservation.run_seconds:.3g} s {kind} deadline ({flag})"
-        if outcome.process_cap_hit:
-            # The cap refused its forks and it waited on until the deadline: the cap is the cause.
-            what += f" after hitting the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
-            return "process_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
-        return "timeout", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
-    if ended == "output_limit":
-        stream = "stdout" if stdout_cut else "stderr"
-        what = f"stopped: {stream} passed {limits.max_capture_bytes} bytes ({FLAG_OF['max_capture_bytes']})"
-        return "output_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
-    if ended == "process_limit":
-        what = f"stopped: more than {limits.max_procs} processes ({FLAG_OF['max_procs']})"
-        return "process_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
-    code = 128 + outcome.signal if outcome.signal is not None else (outcome.exit_code or 0)
-    cpu_used = outcome.cpu_user + outcome.cpu_system
-
-    def died_of(sig: int) -> bool:
-        # Killed by it, or a shell reporting a child killed by it (128 + N): tool calls are mostly `sh -c`.
-        return code == 128 + sig
-
-    if outcome.oom_kills:
-        what = f"killed: out of memory at {limits.max_memory} bytes ({FLAG_OF['max_memory']})"
-        return "memory_limit", code, f"\n[trial-tool: {what}]\n"
-    if limits.max_cpu_seconds and (
-        died_of(signal.SIGXCPU) or (died_of(signal.SIGKILL) and cpu_used >= limits.max_cpu_seconds)
-    ):
-        what = f"killed: {limits.max_cpu_seconds:g} CPU seconds used ({FLAG_OF['max_cpu_seconds']})"
-        return "cpu_limit", code, f"\n[trial-tool: {what}]\n"
-    if limits.max_file_size and died_of(signal.SIGXFSZ):
-        what = f"killed: a file passed {limits.max_file_size} bytes ({FLAG_OF['max_file_size']})"
-        return "file_size_limit", code, f"\n[trial-tool: {what}]\n"
-    if outcome.process_cap_hit:
-        what = f"the command hit the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
-        return "process_limit", code, f"\n[trial-tool: {what}]\n"
-    if stdout_cut or stderr_cut:
-        return "output_limit", code, ""
-    return ("ok" if code == 0 else "error"), code, ""
 
 
 __all__ = ["CallResult", "Trial"]

@@ -1,0 +1,77 @@
+"""What a call gives back (`CallResult`), what can stop one (`Interrupt`), and a command as argv."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+from .budget import Budget
+from .errors import UsageError
+
+
+class CallResult(NamedTuple):
+    """One call as the agent and the harness see it."""
+
+    sequence: int
+    #: The record's status word (ok, error, truncated, timeout, output_limit, command_error).
+    status: str
+    #: What the CLI exits with: the command's code, 124, 126, 127, or 128+signal.
+    exit_code: int
+    #: The text delivered to the agent, already clipped to the allowance.
+    stdout: str
+    stderr: str
+    #: o200k_base tokens of stdout + stderr as delivered (a recount of exactly that text).
+    delivered_tokens: int
+    allowance: int
+    #: True when the delivered text is not all the command printed.
+    output_truncated: bool
+    #: The audit record as written to the log.
+    record: dict[str, Any]
+    #: The trial's budget just after this call was recorded.
+    budget: Budget
+
+    def as_json(self) -> dict[str, Any]:
+        """The result as the front doors (serve, mcp) report it: everything but the audit record."""
+        shown = self._asdict()
+        del shown["record"]
+        shown["budget"] = self.budget.as_json()
+        return shown
+
+
+#: The shell that runs a command given as a string.
+SHELL = "/bin/sh"
+
+
+class Interrupt(Protocol):
+    """Something that can stop a call: interrupts.InterruptWatch (signals) or interrupts.Cancellation."""
+
+    @property
+    def fd(self) -> int:
+        """Readable once the call should stop."""
+
+    @property
+    def signum(self) -> int | None:
+        """Set once the call should stop."""
+
+    @property
+    def reason(self) -> str:
+        """Why, for the agent's notice."""
+
+
+def command_argv(command: list[str] | tuple[str, ...] | str) -> list[str]:
+    """A command as argv: a string runs under /bin/sh -c, as a shell tool call would."""
+    if isinstance(command, str):
+        if not command.strip():
+            msg = "empty command"
+            raise UsageError(msg)
+        return [SHELL, "-c", command]
+    argv = list(command)
+    if not argv:
+        msg = "no command given"
+        raise UsageError(msg)
+    if not all(isinstance(part, str) for part in argv):
+        msg = "a command's arguments must all be strings"
+        raise UsageError(msg)
+    return argv
+
+
+__all__ = ["SHELL", "CallResult", "Interrupt", "command_argv"]

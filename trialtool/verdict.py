@@ -1,0 +1,79 @@
+"""A call's verdict: its status word, the exit code to report, and trial-tool's notice for the agent."""
+
+from __future__ import annotations
+
+import signal
+
+from . import process
+from .callresult import Interrupt
+from .errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_TIMEOUT
+from .ledger import Reservation
+from .limits import FLAG_OF, Limits
+
+
+def judge(
+    outcome: process.Outcome,
+    reservation: Reservation,
+    argv: list[str],
+    stdout_cut: bool,
+    stderr_cut: bool,
+    interrupt: Interrupt | None,
+) -> tuple[str, int, str]:
+    """The call's status, the exit code to report, and trial-tool's notice for the agent (or "").
+
+    124 means trial-tool stopped the command (deadline, output cap, process-cap
+    sweep); a command the kernel stopped at a limit keeps its own code (128 + signal).
+    """
+    limits: Limits = reservation.limits
+    ended = outcome.ended
+    if ended == "not_found":
+        return "command_error", EXIT_NOT_FOUND, f"trial-tool: {argv[0]}: command not found\n"
+    if ended == "not_executable":
+        return "command_error", EXIT_NOT_EXECUTABLE, f"trial-tool: {argv[0]}: cannot execute: {outcome.error}\n"
+    if ended == "interrupted":
+        sig = (interrupt.signum if interrupt is not None else None) or signal.SIGINT
+        reason = interrupt.reason if interrupt is not None else "trial-tool was told to stop"
+        return "interrupted", 128 + sig, f"\n[trial-tool: stopped: {reason}]\n"
+    if ended == "deadline":
+        kind = reservation.deadline_kind
+        flag = {"call": FLAG_OF["call_timeout"], "trial": FLAG_OF["trial_timeout"]}.get(kind, "the call's timeout")
+        what = f"stopped at the {reservation.run_seconds:.3g} s {kind} deadline ({flag})"
+        if outcome.process_cap_hit:
+            # The cap refused its forks and it waited on until the deadline: the cap is the cause.
+            what += f" after hitting the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
+            return "process_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
+        return "timeout", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
+    if ended == "output_limit":
+        stream = "stdout" if stdout_cut else "stderr"
+        what = f"stopped: {stream} passed {limits.max_capture_bytes} bytes ({FLAG_OF['max_capture_bytes']})"
+        return "output_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
+    if ended == "process_limit":
+        what = f"stopped: more than {limits.max_procs} processes ({FLAG_OF['max_procs']})"
+        return "process_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
+    code = 128 + outcome.signal if outcome.signal is not None else (outcome.exit_code or 0)
+    cpu_used = outcome.cpu_user + outcome.cpu_system
+
+    def died_of(sig: int) -> bool:
+        # Killed by it, or a shell reporting a child killed by it (128 + N): tool calls are mostly `sh -c`.
+        return code == 128 + sig
+
+    if outcome.oom_kills:
+        what = f"killed: out of memory at {limits.max_memory} bytes ({FLAG_OF['max_memory']})"
+        return "memory_limit", code, f"\n[trial-tool: {what}]\n"
+    if limits.max_cpu_seconds and (
+        died_of(signal.SIGXCPU) or (died_of(signal.SIGKILL) and cpu_used >= limits.max_cpu_seconds)
+    ):
+        what = f"killed: {limits.max_cpu_seconds:g} CPU seconds used ({FLAG_OF['max_cpu_seconds']})"
+        return "cpu_limit", code, f"\n[trial-tool: {what}]\n"
+    if limits.max_file_size and died_of(signal.SIGXFSZ):
+        what = f"killed: a file passed {limits.max_file_size} bytes ({FLAG_OF['max_file_size']})"
+        return "file_size_limit", code, f"\n[trial-tool: {what}]\n"
+    if outcome.process_cap_hit:
+        what = f"the command hit the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
+        return "process_limit", code, f"\n[trial-tool: {what}]\n"
+    if stdout_cut or stderr_cut:
+        return "output_limit", code, ""
+    return ("ok" if code == 0 else "error"), code, ""
+
+
+__all__ = ["judge"]
