@@ -59,6 +59,17 @@ _LIMIT_HELP = {
 }
 
 
+_DESCRIPTIONS = {
+    "run": "Run one agent tool call within a trial's budgets of calls, tokens and time.",
+    "init": "Create a trial and pin its limits.",
+    "status": "Show what a trial has spent and has left.",
+    "verify": "Check a whole trial: the log's chain, every record's totals, the state.",
+    "serve": "Serve a trial's tool calls as JSON lines on stdin and stdout (see the README for the protocol).",
+    "mcp": "Serve a trial's tool calls as a Model Context Protocol server over stdio (needs trialtool[mcp]).",
+    "shim": "Write sh and bash shims into DIRECTORY: each `sh -c CMD` through them is one call of the trial.",
+}
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -79,7 +90,13 @@ def _parser(command: str) -> argparse.ArgumentParser:
 
     parser = _Parser(
         prog=f"trial-tool {command}" if command != "run" else "trial-tool",
-        description="Run one agent tool call within a trial's budgets of calls, tokens and time.",
+        description=_DESCRIPTIONS[command],
+        epilog=(
+            "other commands: init, status, verify, serve (JSON lines), mcp (MCP server), shim (sh/bash shims); "
+            "`trial-tool COMMAND --help`"
+        )
+        if command == "run"
+        else None,
     )
     parser.add_argument("--state", required=True, help="the trial's JSON state file")
     parser.add_argument("--log", required=True, help="the trial's JSONL audit log")
