@@ -9,6 +9,11 @@ supervisor's result line, the supervisor's exit (a pidfd on Linux), and an
 interrupt descriptor (a signal wakeup pipe, from interrupts.py). An interrupt
 is passed on as a stop request; the supervisor then stops the tree and reports
 as usual, so an interrupted call is still recorded.
+
+A threaded or long-lived caller (the API) gets its supervisor from a fork
+server instead (forkserver.py). The rest is the same, except that the
+supervisor is then not our child: its closing the result pipe, which it does
+once everything is reaped, ends the wait, not its exit.
 """
 
 from __future__ import annotations
@@ -183,7 +188,11 @@ class Launcher:
             # Whatever went wrong here, the supervisor stops the tree; wait for it so
             # nothing outlives the call, then let the error go on.
             try:
-                os.kill(pid, signal.SIGTERM)
+                if watch_fd >= 0:
+                    # Through the pidfd: a fork server may have reaped it and its pid be reused.
+                    signal.pidfd_send_signal(watch_fd, signal.SIGTERM)
+                else:
+                    os.kill(pid, signal.SIGTERM)
                 if own_child:
                     os.waitpid(pid, 0)
                 elif watch_fd >= 0:
