@@ -55,8 +55,10 @@ class ForkServer:
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        # The same interpreter finds the same trialtool; a source checkout not on the
+        # path is appended (never prepended: that could shadow the standard library).
         code = (
-            "import sys; sys.path.insert(0, sys.argv[1]); "
+            "import sys; sys.argv[1] in sys.path or sys.path.append(sys.argv[1]); "
             "from trialtool.forkserver import serve; serve(int(sys.argv[2]))"
         )
         # stdout is /dev/null: nothing it or a supervisor prints can reach the caller's
