@@ -64,7 +64,8 @@ class ForkServer:
         # stdout is /dev/null: nothing it or a supervisor prints can reach the caller's
         # stdout, which may be a protocol stream (serve, mcp).
         self._process = subprocess.Popen(
-            [sys.executable, "-c", code, package_root, str(theirs.fileno())],
+            # -P: the caller's working directory is not on the path (it may hold anything).
+            [sys.executable, "-P", "-c", code, package_root, str(theirs.fileno())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),),
