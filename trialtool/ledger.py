@@ -317,8 +317,8 @@ class Ledger:
         try:
             self._write(state)
         except BaseException:
-            # The new state may or may not be on disk (a failed directory fsync comes
-            # after the rename): if it is, this call must be recovered, not left in flight.
+            # The new state may or may not be in place (an interrupt can land just after
+            # the rename): if it is, this call must be recovered, not left in flight.
             self._abandoned.add(sequence)
             raise
         return Reservation(
