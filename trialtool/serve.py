@@ -23,6 +23,7 @@ import os
 import selectors
 import signal
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -207,7 +208,7 @@ class Server:
             self._stop.close()
         return 128 + received[0] if received else 0
 
-    def _lines(self, in_fd: int, wake_fd: int, received: list[int]) -> Any:
+    def _lines(self, in_fd: int, wake_fd: int, received: list[int]) -> Iterator[bytes]:
         """Yield request lines; answer oversized ones here. Ends at EOF or on a signal."""
         buffer = bytearray()
         discarding = False  # inside an oversized line: drop until its newline
