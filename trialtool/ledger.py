@@ -212,8 +212,9 @@ class Ledger:
         """The trial's state, creating the trial if it does not exist; LimitMismatch if its limits differ."""
         self.ensure_directory()
         with self._lock():
+            new = not os.path.lexists(self.state_path)
             state = self._open(overrides, create=True)
-            if state["calls"] == 0 and state["log"].records == 0 and self.load() is None:
+            if new:
                 self._write(state, sync_directory=True)
         state["elapsed_seconds"] = clock.elapsed(state["clock"], state["started_at"], state["elapsed_seconds"])
         return state

@@ -23,6 +23,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
+from . import fsio
 from .errors import EncoderError
 
 if TYPE_CHECKING:
@@ -87,18 +88,17 @@ def locate(rank_file: str | os.PathLike[str] | None = None) -> str:
 
 
 def stamp(path: str) -> list[int]:
-    """What changes whenever the file's bytes do: device, inode, size, mtime and ctime.
+    """What changes whenever the file's bytes do (fsio.stamp); EncoderError if the file is gone.
 
     ctime cannot be set back by an unprivileged process, so a file verified once
     and showing the same stamp later has the same bytes; trial.py keeps the stamp
     in the state to skip re-hashing 3.6 MB on every call.
     """
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        msg = f"cannot stat o200k_base rank file {path}: {exc.strerror or exc}; {_FIX}"
-        raise EncoderError(msg) from exc
-    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+    found = fsio.stamp(path)
+    if found is None:
+        msg = f"cannot stat o200k_base rank file {path}; {_FIX}"
+        raise EncoderError(msg)
+    return found
 
 
 class RankFile:
