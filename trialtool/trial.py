@@ -185,7 +185,7 @@ class Trial:
                 msg = f"the current directory is gone ({exc.strerror}); pass cwd"
                 raise UsageError(msg) from exc
         elif cwd is not None and not os.path.isdir(cwd):
-            msg = f"cwd {os.fspath(cwd)} is not a directory"
+            msg = f"--cwd {os.fspath(cwd)} is not a directory"
             raise UsageError(msg)
         command_env = environment.build(clean=clean_env, set_vars=env, unset=unset_env)
         self.ledger.ensure_directory()
