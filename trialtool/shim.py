@@ -37,9 +37,7 @@ exec {python} -m trialtool.shim --real-shell {real} --shim-dir {directory} -- {f
 
 def _real_shell(name: str, directory: str) -> str:
     """The first `name` on PATH that is not in the shim directory (else /bin/NAME)."""
-    search = os.pathsep.join(
-        entry for entry in os.environ.get("PATH", os.defpath).split(os.pathsep) if not _same_dir(entry, directory)
-    )
+    search = _path_without(directory)
     found = shutil.which(name, path=search)
     if found is None and os.path.exists(f"/bin/{name}"):
         found = f"/bin/{name}"
@@ -48,6 +46,12 @@ def _real_shell(name: str, directory: str) -> str:
         raise UsageError(msg)
     # Not resolved further: bash run as `sh` behaves as sh, and must stay so.
     return os.path.abspath(found)
+
+
+def _path_without(directory: str) -> str:
+    """This process's PATH with the shim directory taken out."""
+    entries = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    return os.pathsep.join(entry for entry in entries if not _same_dir(entry, directory))
 
 
 def _same_dir(entry: str, directory: str) -> bool:
@@ -125,9 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 125
-    path = os.pathsep.join(
-        entry for entry in os.environ.get("PATH", os.defpath).split(os.pathsep) if not _same_dir(entry, directory)
-    )
+    path = _path_without(directory)
     from . import cli
 
     return cli.main([*flags, "--env", f"PATH={path}", "--", real, *shell_args])
