@@ -4,11 +4,11 @@
     python scripts/bench.py [--runs N] [--trial-tool PATH]
 
 Prints, for each case, the bare command's median wall time, trial-tool's, the
-overhead (their difference) and the ratio, plus what the imports cost. Targets
-(issue 2): a call with no output at most 80 ms over bare; a call with output
-pays for the encoder once and tokenizes once. Issue 5: per-call overhead of a
-warm front door over a bare `subprocess.run` of `echo hello` in the same
-process: the API at most 5 ms, `serve` 10 ms, an MCP tool call 20 ms.
+overhead (their difference) and the ratio, plus what the imports cost. Targets:
+a cold CLI call with no output at most 80 ms over bare; a call with output
+pays for the encoder once and tokenizes once; the per-call overhead of a warm
+front door over a bare `subprocess.run` of `echo hello` in the same process:
+the API at most 5 ms, `serve` 10 ms, an MCP tool call 20 ms.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def import_ms(python: str, module: str, runs: int = 7) -> float | None:
 
 
 def stopping(tool: str, work: Path, python: str, no_output: float, runs: int = 5) -> None:
-    """Issue 3's figures: how far past the deadline a command lives, and how soon a call returns."""
+    """How far past the deadline a command lives, and how soon a call returns."""
     print(f"\nstopping (median of {runs} runs; --call-timeout 0.5, --kill-grace 0.2), from the records:")
     ignorer = f"{python} -c 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'"
     cases = [
@@ -152,7 +152,7 @@ def stopping(tool: str, work: Path, python: str, no_output: float, runs: int = 5
 
 
 def warm_figures(tool: str, python: str, runs: int) -> None:
-    """Issue 5's figures: each warm front door against bare subprocess.run, in one process."""
+    """Each warm front door against bare subprocess.run, in one process."""
     print("\nwarm front doors, `echo hello` (MCP: `sh -c 'echo hello'`, against the same bare), median ms:")
     print(f"  {'door':<8}{'pacing':<16}{'bare':>8}{'door':>8}{'overhead':>10}{'ratio':>8}{'target':>9}")
     for pause, label in ((0.0, "back to back"), (0.1, "0.1 s apart")):
@@ -170,7 +170,7 @@ def warm_figures(tool: str, python: str, runs: int) -> None:
 
 
 def ledger_figures(tool: str, work: Path, python: str) -> None:
-    """Issue 4's figures: 20 parallel calls against their serial time, and the ledger's own cost."""
+    """20 parallel calls against their serial time, and the ledger's own cost."""
     print("\nledger:")
     for mode in ("serial", "parallel"):
         state, log = work / f"{mode}.json", work / f"{mode}.jsonl"
@@ -186,7 +186,7 @@ def ledger_figures(tool: str, work: Path, python: str) -> None:
         print(f"  20 calls of `sleep 0.5`, {mode:<8}: {time.perf_counter() - started:6.2f} s")
     code = (
         "import time, tempfile, pathlib\n"
-        "from trialtool.ledger import Ledger\n"
+        "from trialtool.ledger.ledger import Ledger\n"
         "root = pathlib.Path(tempfile.mkdtemp())\n"
         "ledger = Ledger(root / 's.json', root / 'l.jsonl')\n"
         "limits = {'max_calls': 100000, 'max_tokens': 10**9}\n"
@@ -254,7 +254,7 @@ def main() -> int:
     stopping(tool, work, python, no_output)
     ledger_figures(tool, work, python)
     print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")
-    for module in ("trialtool.cli", "tiktoken", "psutil", "filelock"):
+    for module in ("trialtool.doors.cli", "tiktoken", "psutil", "filelock"):
         cost = import_ms(python, module)
         print(f"  {module:<16}{'not installed' if cost is None else f'{cost:.1f} ms'}")
     encoder = subprocess.run(

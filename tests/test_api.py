@@ -64,12 +64,12 @@ def test_import_has_no_heavy_side_effects() -> None:
 
 
 def test_a_call_with_no_output_imports_nothing_heavy(tmp_path: object) -> None:
-    # The per-call budget (issue 2's bench) depends on these staying out of trial-tool's
+    # The per-call cost (scripts/bench.py) depends on these staying out of trial-tool's
     # own process: each costs 5-40 ms to import here.
     code = (
         "import sys\n"
         "before = set(sys.modules)  # an editable install's finder may have loaded pathlib already\n"
-        "from trialtool import cli\n"
+        "from trialtool.doors import cli\n"
         f"sys.argv = ['trial-tool', '--state', '{tmp_path}/s.json', '--log', '{tmp_path}/l.jsonl', '--', 'true']\n"
         "assert cli.main() == 0\n"
         "heavy = ('argparse', 'pathlib', 'subprocess', 'ctypes', 'tiktoken', 'psutil', 'filelock', 'dataclasses')\n"

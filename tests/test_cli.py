@@ -117,7 +117,7 @@ def test_trial_timeout_binds_the_call_and_then_refuses(trial: TrialFiles) -> Non
 
 
 def test_stdin_is_dev_null(trial: TrialFiles) -> None:
-    # The reference inherited stdin: `cat` hung until the trial timed out. Here
+    # A wrapper that passes its own stdin on would hang `cat` until the trial timed out. Here
     # trial-tool's own stdin is a pipe we never close, and `cat` still ends at once.
     import subprocess
 

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from trialtool import BudgetExhausted, StorageError, Trial, clock, fsio, liveness
-from trialtool.ledger import Ledger
-from trialtool.verify import verify
+from trialtool import BudgetExhausted, StorageError, Trial
+from trialtool.ledger import Ledger, clock, fsio, liveness
+from trialtool.ledger.verify import verify
 
 from .conftest import TrialFiles, marked, wait_until
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from tests.conftest import TrialFiles, marked, wait_until
 from tests.test_ledger import check_ledger
 from trialtool import Budget, BudgetExhausted, CallResult, Trial, UsageError, tokens
-from trialtool.verify import verify
+from trialtool.ledger.verify import verify
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from trialtool import audit, statefile
-from trialtool.verify import verify
+from trialtool.ledger import audit
+from trialtool.ledger import state as statefile
+from trialtool.ledger.verify import verify
 
 from .conftest import TrialFiles
 
@@ -161,4 +162,4 @@ def test_state_mac_covers_the_counters(trial: TrialFiles) -> None:
 def test_state_written_by_this_version_round_trips(trial: TrialFiles) -> None:
     assert trial.call("echo", "x").returncode == 0
     state = statefile.decode(trial.state.read_bytes(), trial.state, audit.Chain())
-    assert statefile.totals(state) == {"charged_calls": 1, "emitted_tokens": 2, "refused_calls": 0}
+    assert state.totals().as_json() == {"charged_calls": 1, "emitted_tokens": 2, "refused_calls": 0}

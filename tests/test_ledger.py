@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trialtool import BudgetExhausted, Trial
-from trialtool.audit import GENESIS
+from trialtool.ledger.audit import GENESIS
 
 from .conftest import TrialFiles, marked, wait_until
 

@@ -14,8 +14,8 @@ import pytest
 
 from tests.conftest import TrialFiles
 from trialtool import Trial, handle_tool_call, openai_tool
-from trialtool.shim import runs_something
-from trialtool.verify import verify
+from trialtool.doors.shim import runs_something
+from trialtool.ledger.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
 

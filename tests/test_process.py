@@ -98,7 +98,8 @@ def test_head_clip_mode(trial: TrialFiles) -> None:
 def test_interrupt_arriving_with_the_orders_stops_the_command(tmp_path: Path, marker: str) -> None:
     # trial-tool interrupted before the supervisor even read its orders: the stop request
     # can arrive in the same read as the orders, and must not be lost (it once hung here).
-    from trialtool.launcher import Launcher
+    from trialtool.limits import Limits
+    from trialtool.process.launcher import Launcher
 
     read_end, write_end = os.pipe()
     os.write(write_end, b"\x02")  # a signal already waiting, as the wakeup pipe would hold it
@@ -107,8 +108,7 @@ def test_interrupt_arriving_with_the_orders_stops_the_command(tmp_path: Path, ma
             outcome = launcher.run(
                 [PY, "-c", "import time; time.sleep(300)", marker],
                 deadline=time.monotonic() + 30,
-                capture_cap=1000,
-                kill_grace=0.2,
+                limits=Limits(max_capture_bytes=1000, kill_grace=0.2),
                 interrupt_fd=read_end,
             )
     finally:

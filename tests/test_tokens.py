@@ -81,7 +81,7 @@ NO_NETWORK = textwrap.dedent(
             sys.stderr.write(f"NETWORK USED: {event}\\n")
             os._exit(99)
     sys.addaudithook(hook)
-    from trialtool.cli import main
+    from trialtool.doors.cli import main
     sys.exit(main(sys.argv[1:]))
     """
 )
@@ -113,7 +113,7 @@ def test_the_hook_would_catch_a_download(tmp_path: Path) -> None:
     # Proof that the test above can fail: tiktoken's own loader, with no cache, reaches for the network.
     env = {"PATH": "/usr/bin:/bin", "TIKTOKEN_CACHE_DIR": str(tmp_path), "HOME": str(tmp_path)}
     code = NO_NETWORK.replace(
-        "from trialtool.cli import main\nsys.exit(main(sys.argv[1:]))",
+        "from trialtool.doors.cli import main\nsys.exit(main(sys.argv[1:]))",
         "import tiktoken; tiktoken.get_encoding('o200k_base')",
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=60)

@@ -11,7 +11,8 @@ from __future__ import annotations
 # The exception tree is loaded at once (errors.py imports nothing); the rest on
 # first use (PEP 562), so that `trial-tool` can fork the call's supervisor before
 # it imports the rest of the package. Not typing.TYPE_CHECKING: importing typing
-# here would cost ~6 ms before that fork.
+# here would be an import that fork waits for (docs/performance.md).
+from ._version import __version__
 from .errors import (
     EXIT_INTERNAL,
     EXIT_NOT_EXECUTABLE,
@@ -36,8 +37,8 @@ if TYPE_CHECKING:
 
     from .budget import Budget
     from .callresult import CallResult
+    from .doors.openai_tools import ahandle_tool_call, handle_tool_call, openai_tool
     from .limits import Limits
-    from .openai_tools import ahandle_tool_call, handle_tool_call, openai_tool
     from .trial import Trial
 
 _LAZY = {
@@ -45,9 +46,9 @@ _LAZY = {
     "Limits": "limits",
     "CallResult": "callresult",
     "Trial": "trial",
-    "openai_tool": "openai_tools",
-    "handle_tool_call": "openai_tools",
-    "ahandle_tool_call": "openai_tools",
+    "openai_tool": "doors.openai_tools",
+    "handle_tool_call": "doors.openai_tools",
+    "ahandle_tool_call": "doors.openai_tools",
 }
 
 
@@ -62,8 +63,6 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "EXIT_INTERNAL",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .cli import entry
+from .doors.cli import entry
 
 if __name__ == "__main__":
     entry()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import clock
-from .limits import Limits
+if TYPE_CHECKING:
+    from .ledger.state import TrialState
+    from .limits import Limits
 
 
 class Budget(NamedTuple):
@@ -32,19 +33,19 @@ class Budget(NamedTuple):
         return {**self._asdict(), "exhausted": self.exhausted}
 
 
-def of(state: dict[str, Any]) -> Budget:
+def of(state: TrialState) -> Budget:
     """The budget of a state read under the ledger lock, with the trial's time brought up to now."""
-    limits: Limits = state["limits"]
-    elapsed = clock.elapsed(state["clock"], state["started_at"], state["elapsed_seconds"])
+    limits = state.limits
+    elapsed = state.elapsed()
     return Budget(
-        calls_used=state["calls"],
-        calls_left=max(0, int(limits.max_calls) - state["calls"]),
-        tokens_used=state["emitted_tokens"],
-        tokens_left=max(0, int(limits.max_tokens) - state["emitted_tokens"]),
+        calls_used=state.calls,
+        calls_left=max(0, int(limits.max_calls) - state.calls),
+        tokens_used=state.emitted_tokens,
+        tokens_left=max(0, int(limits.max_tokens) - state.emitted_tokens),
         seconds_used=round(elapsed, 6),
         seconds_left=round(max(0.0, limits.trial_timeout - elapsed), 6),
-        in_flight=len(state["in_flight"]),
-        refused_calls=state["refused_calls"],
+        in_flight=len(state.in_flight),
+        refused_calls=state.refused_calls,
     )
 
 

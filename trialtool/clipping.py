@@ -27,7 +27,7 @@ if TYPE_CHECKING:
         """The part of `tiktoken.Encoding` that clipping uses.
 
         Defined for the type checker only: creating a Protocol class at run time
-        costs ~3 ms here, on every call's path.
+        is slow, and would be paid on every call's path (docs/performance.md).
         """
 
         def encode_ordinary(self, text: str) -> list[int]: ...

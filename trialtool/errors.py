@@ -108,7 +108,7 @@ class Interrupted(TrialToolError):
 class BudgetExhausted(TrialToolError):
     """A call was refused, and its command not run, because a trial budget is spent.
 
-    `status` is the reference's refusal word: `maximum_tool_calls`,
+    `status` is the refusal's status word: `maximum_tool_calls`,
     `maximum_emitted_tokens` or `task_timeout_seconds`.
     """
 

@@ -13,11 +13,11 @@ CLIP_MODES = ("headtail", "head")
 class Limits(NamedTuple):
     """A trial's budgets. Plain frozen data; `validate` checks it, nothing else decides here.
 
-    A NamedTuple rather than a dataclass: importing `dataclasses` costs ~9 ms here
-    (it pulls in `inspect`), a tenth of the per-call budget.
+    A NamedTuple rather than a dataclass: `dataclasses` pulls in `inspect`, too
+    slow an import for a call's path (docs/performance.md).
     """
 
-    #: Calls the trial may make, refused ones not counted (the reference's twelve).
+    #: Calls the trial may make, refused ones not counted.
     max_calls: int = 12
     #: o200k_base tokens delivered to the agent over the whole trial.
     max_tokens: int = 50_000
@@ -45,40 +45,33 @@ class Limits(NamedTuple):
     max_procs: int = 1024
 
 
-#: Upper bounds that catch typos (an extra three zeros) rather than restrict real trials.
-_BOUNDS: dict[str, tuple[float, float]] = {
-    "max_calls": (1, 1_000_000),
-    "max_tokens": (1, 1_000_000_000),
-    "max_call_tokens": (1, 100_000_000),
-    "trial_timeout": (0.001, 30 * 86_400),
-    "call_timeout": (0.001, 30 * 86_400),
-    "max_capture_bytes": (1, 1 << 30),
-    "kill_grace": (0.0, 600.0),
-    "max_memory": (0, 1 << 40),
-    "max_cpu_seconds": (0.0, 30 * 86_400),
-    "max_file_size": (0, 1 << 40),
-    "max_open_files": (0, 1 << 20),
-    "max_procs": (0, 1 << 22),
-}
-_INTEGER_FIELDS = frozenset(
-    {
-        "max_calls",
-        "max_tokens",
-        "max_call_tokens",
-        "max_capture_bytes",
-        "max_memory",
-        "max_file_size",
-        "max_open_files",
-        "max_procs",
-    }
-)
-#: Limits where 0 means "none", and the smallest value that still lets a command start.
-_ZERO_IS_OFF = {
-    "max_memory": 1 << 20,
-    "max_file_size": 1,
-    "max_open_files": 8,
-    "max_cpu_seconds": 0.001,
-    "max_procs": 1,
+class Bound(NamedTuple):
+    """How one limit is checked: its range, and whether 0 switches it off."""
+
+    #: The range a value must lie in; the upper bounds catch typos (an extra three zeros)
+    #: rather than restrict real trials.
+    low: float
+    high: float
+    #: Where 0 means "none": the smallest other value that still lets a command start.
+    off_low: float | None
+    integer: bool
+
+
+#: One row per numeric limit of `Limits` (`clip` is a choice of CLIP_MODES). A new
+#: limit is a field above, a row here, its flag (doors/cli.py), and the code that enforces it.
+BOUNDS: dict[str, Bound] = {
+    "max_calls": Bound(1, 1_000_000, None, True),
+    "max_tokens": Bound(1, 1_000_000_000, None, True),
+    "max_call_tokens": Bound(1, 100_000_000, None, True),
+    "trial_timeout": Bound(0.001, 30 * 86_400, None, False),
+    "call_timeout": Bound(0.001, 30 * 86_400, None, False),
+    "max_capture_bytes": Bound(1, 1 << 30, None, True),
+    "kill_grace": Bound(0.0, 600.0, None, False),
+    "max_memory": Bound(0, 1 << 40, 1 << 20, True),
+    "max_cpu_seconds": Bound(0.0, 30 * 86_400, 0.001, False),
+    "max_file_size": Bound(0, 1 << 40, 1, True),
+    "max_open_files": Bound(0, 1 << 20, 8, True),
+    "max_procs": Bound(0, 1 << 22, 1, True),
 }
 
 #: The CLI flag of each field, for messages that name what the user typed.
@@ -94,7 +87,8 @@ def _check_number(name: str, raw: Any) -> int | float:
     if isinstance(value, float) and not math.isfinite(value):
         msg = f"{FLAG_OF[name]} must be finite, not {value!r}"
         raise UsageError(msg)
-    if name in _INTEGER_FIELDS:
+    bound = BOUNDS[name]
+    if bound.integer:
         if isinstance(value, float):
             if not value.is_integer():
                 msg = f"{FLAG_OF[name]} must be a whole number, not {value!r}"
@@ -102,9 +96,9 @@ def _check_number(name: str, raw: Any) -> int | float:
             value = int(value)
     else:
         value = float(value)
-    low, high = _BOUNDS[name]
-    if name in _ZERO_IS_OFF and value != 0:
-        low = _ZERO_IS_OFF[name]
+    low, high = bound.low, bound.high
+    if bound.off_low is not None and value != 0:
+        low = bound.off_low
     if not low <= value <= high:
         msg = f"{FLAG_OF[name]} must be between {low:g} and {high:g}, not {value:g}"
         raise UsageError(msg)
@@ -114,7 +108,7 @@ def _check_number(name: str, raw: Any) -> int | float:
 def validate(limits: Limits) -> Limits:
     """Return `limits` with numbers normalised, or raise UsageError naming the bad flag."""
     fields: dict[str, Any] = {}
-    for name in _BOUNDS:
+    for name in BOUNDS:
         fields[name] = _check_number(name, getattr(limits, name))
     if limits.clip not in CLIP_MODES:
         msg = f"--clip must be one of {', '.join(CLIP_MODES)}, not {limits.clip!r}"
@@ -152,4 +146,14 @@ def check_pinned(pinned: Limits, overrides: dict[str, Any]) -> None:
             raise LimitMismatch(msg)
 
 
-__all__ = ["CLIP_MODES", "FLAG_OF", "Limits", "check_pinned", "from_overrides", "from_state", "validate"]
+__all__ = [
+    "BOUNDS",
+    "CLIP_MODES",
+    "FLAG_OF",
+    "Bound",
+    "Limits",
+    "check_pinned",
+    "from_overrides",
+    "from_state",
+    "validate",
+]

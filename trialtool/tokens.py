@@ -13,7 +13,7 @@ copy of the official file, checked against the SHA-256 tiktoken itself expects
 
 A chosen file with the wrong hash is an error, never skipped: a tampered or
 truncated vocabulary would silently change every count. tiktoken is imported
-only when an encoder is built, because its import alone costs ~25 ms.
+only when an encoder is built: its import is slow (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from . import fsio
 from .errors import EncoderError
+from .ledger import fsio
 
 if TYPE_CHECKING:
     import tiktoken
@@ -62,7 +62,7 @@ def tiktoken_cache_path() -> str:
     """Where tiktoken would cache the o200k_base file on this machine."""
     cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
     if not cache_dir:
-        import tempfile  # only on this fallback path: it costs ~6 ms to import
+        import tempfile  # only on this fallback path: a slow import
 
         cache_dir = os.path.join(tempfile.gettempdir(), "data-gym-cache")
     return os.path.join(cache_dir, hashlib.sha1(_DOWNLOAD_URL.encode()).hexdigest())
@@ -92,7 +92,7 @@ def stamp(path: str) -> list[int]:
 
     ctime cannot be set back by an unprivileged process, so a file verified once
     and showing the same stamp later has the same bytes; trial.py keeps the stamp
-    in the state to skip re-hashing 3.6 MB on every call.
+    in the state to skip re-hashing the file on every call.
     """
     found = fsio.stamp(path)
     if found is None:
@@ -117,11 +117,11 @@ class RankFile:
             msg = f"o200k_base rank file {path} has sha256 {digest}, expected {EXPECTED_SHA256}; {_FIX}"
             raise EncoderError(msg)
         self._encoder: tiktoken.Encoding | None = None
-        # Two threads must not both spend 0.3 s and 100 MB building it.
+        # Two threads must not both build it: it is the slowest step of a call (docs/performance.md).
         self._building = threading.Lock()
 
     def encoder(self) -> tiktoken.Encoding:
-        """The real tiktoken Encoding for o200k_base, built on first use (~0.3 s)."""
+        """The real tiktoken Encoding for o200k_base, built on first use."""
         if self._encoder is not None:
             return self._encoder
         with self._building:
@@ -136,7 +136,7 @@ class RankFile:
             fields = self._data.split()
             # Each line is "<base64 token> <rank>". The file passed the hash check, so it is
             # the official one, whose ranks are 0, 1, 2, ... in order (tests/test_tokens.py
-            # checks this): counting them saves parsing 200k integers (~50 ms).
+            # checks this): counting them saves parsing 200k integers.
             tokens = fields[0::2]
             ranks = dict(zip(map(binascii.a2b_base64, tokens), range(len(tokens)), strict=True))
             self._encoder = tiktoken.Encoding(

@@ -1,44 +1,52 @@
-"""`Trial`: the one place policy lives. Reserve a call, run it, clip its output, commit it."""
+"""`Trial`: the one place policy lives. Reserve a call, run it, clip its output, commit it.
+
+The rooms below do the work: the ledger reserves and commits (ledger/), the
+process room runs the command as a contained tree (process/), verdict.py and
+delivery.py decide what the call was and what the agent gets. This module
+holds the order of those steps and what happens when one of them fails.
+"""
 
 from __future__ import annotations
 
-import base64
-import codecs
-import hashlib
 import math
 import os
+import signal
 import threading
 import time
 import weakref
+from contextlib import nullcontext
 from typing import Any
 
-from . import budget, clipping, clock, environment, process, records, tokens, verdict
+from . import budget, tokens, verdict
 from .budget import Budget
 from .callresult import CallResult, Interrupt, command_argv
-from .errors import (
-    Interrupted,
-    StateError,
-    TrialToolError,
-    UsageError,
-)
-from .forkserver import ForkServer
-from .launcher import Launcher
-from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
+from .delivery import deliver
+from .errors import Interrupted, StateError, TrialToolError, UsageError
+from .ledger import clock, liveness, records
+from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
+from .ledger.state import TrialState
 from .limits import from_overrides
+from .process import environment
+from .process.cgroups import kill_leftovers
+from .process.forkserver import ForkServer
+from .process.launcher import Launcher
+from .process.outcome import Outcome
+
+Command = list[str] | tuple[str, ...] | str
 
 
-def _decode(data: bytes, cut_at_cap: bool) -> str:
-    """UTF-8 with replacement; a sequence cut by the capture cap is dropped, not replaced.
+def stop_leftovers(supervisor: int, token: str | None) -> int:
+    """Stop what an abandoned call left running; how many processes were killed.
 
-    A command's own invalid bytes become U+FFFD (they are what it printed); half a
-    character that only our cap cut off would be a character it never printed.
+    The supervisor, if it lives on, is told to stop (its parent is gone, so it
+    kills the tree and exits), and any cgroup it made is emptied.
     """
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    return decoder.decode(data, final=not cut_at_cap)
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if liveness.alive(supervisor, token):
+        try:
+            os.kill(supervisor, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return kill_leftovers(supervisor)
 
 
 class Trial:
@@ -65,11 +73,13 @@ class Trial:
         rank_file: str | os.PathLike[str] | None = None,
         key: bytes | None = None,
     ) -> None:
-        self.ledger = Ledger(state_path, log_path, lock_timeout=lock_timeout, key=key)
+        self.ledger = Ledger(state_path, log_path, lock_timeout=lock_timeout, key=key, stop_leftovers=stop_leftovers)
         self.overrides = dict(limits or {})
         self._rank_file = rank_file
         self._rank_path: str | None = None
         self._forkserver: ForkServer | None = None
+        #: A supervisor forked ahead by the caller, for the next call (use_launcher).
+        self._ready: Launcher | None = None
         self._guard = threading.Lock()
 
     def __enter__(self) -> Trial:
@@ -85,7 +95,7 @@ class Trial:
         if server is not None:
             server.close()
 
-    def init(self) -> dict[str, Any]:
+    def init(self) -> TrialState:
         """Create the trial and pin its limits."""
         return self.ledger.init(self.overrides)
 
@@ -93,7 +103,7 @@ class Trial:
         """Create the trial if it does not exist yet, else check its pinned limits (LimitMismatch); its budget."""
         return budget.of(self.ledger.open(self.overrides))
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> TrialState:
         """The trial's state now."""
         return self.ledger.status()
 
@@ -106,7 +116,7 @@ class Trial:
                 raise
             return budget.fresh(from_overrides(self.overrides))
 
-    async def arun(self, command: list[str] | tuple[str, ...] | str, **options: Any) -> CallResult:
+    async def arun(self, command: Command, **options: Any) -> CallResult:
         """`run` for asyncio: the call runs in the loop's default executor.
 
         Cancelling the awaiting task stops the command (status `interrupted`,
@@ -115,7 +125,7 @@ class Trial:
         import asyncio
         import functools
 
-        from .interrupts import Cancellation
+        from .process.interrupts import Cancellation
 
         cancellation = Cancellation()
         future = asyncio.get_running_loop().run_in_executor(
@@ -137,21 +147,21 @@ class Trial:
 
         return await asyncio.to_thread(self.budget)
 
-    def _check_rank_file(self, state: dict[str, Any]) -> None:
+    def _check_rank_file(self, state: TrialState) -> None:
         """Reservation preflight: the rank file is there and has the right hash, or nothing is charged.
 
-        Hashing 3.6 MB costs ~5 ms, so a file verified before is recognised by its
-        stamp (tokens.stamp), kept in the state; a changed file is hashed again.
+        A file verified before is recognised by its stamp (tokens.stamp), kept in
+        the state, rather than hashed on every call; a changed file is hashed again.
         """
         path = self._rank_path = tokens.locate(self._rank_file)
         seen = {"path": str(path), "stamp": tokens.stamp(path)}
-        if state.get("rank_file") != seen:
+        if state.rank_file != seen:
             tokens.verified(path, recheck=True)
-            state["rank_file"] = seen
+            state.rank_file = seen
 
     def run(
         self,
-        command: list[str] | tuple[str, ...] | str,
+        command: Command,
         *,
         cwd: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
@@ -159,7 +169,6 @@ class Trial:
         unset_env: tuple[str, ...] = (),
         clean_env: bool = False,
         interrupt: Interrupt | None = None,
-        launcher: Launcher | None = None,
     ) -> CallResult:
         """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
@@ -169,15 +178,15 @@ class Trial:
         minimal set; TRIALTOOL_* variables never reach the command. `timeout`
         (seconds) shortens this call's deadline below the trial's `call_timeout`,
         never lengthens it. `interrupt` stops the command when it fires (status
-        `interrupted`). `launcher` is a supervisor forked earlier by the caller
-        (the CLI forks one before importing this module); else the fork server
-        provides one.
+        `interrupted`).
         """
         argv = command_argv(command)
         if timeout is not None and not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
             msg = f"timeout must be a positive number of seconds, not {timeout!r}"
             raise UsageError(msg)
-        if cwd is None and launcher is None:
+        with self._guard:
+            ready, self._ready = self._ready, None
+        if cwd is None and ready is None:
             # The fork server's supervisors do not share our working directory: name it.
             try:
                 cwd = os.getcwd()
@@ -189,23 +198,11 @@ class Trial:
             raise UsageError(msg)
         command_env = environment.build(clean=clean_env, set_vars=env, unset=unset_env)
         self.ledger.ensure_directory()
-        if launcher is not None:
+        # The supervisor is forked first and gets ready while the call is reserved.
+        with nullcontext(ready) if ready is not None else Launcher(self.ledger.directory, self._server()) as launcher:
             outcome, reservation, started_wall = self._reserve_and_run(
-                argv, cwd, command_env, timeout, interrupt, launcher
+                argv, timeout, interrupt, launcher, cwd=None if cwd is None else os.fspath(cwd), env=command_env
             )
-        else:
-            with self._guard:
-                if self._forkserver is None:
-                    self._forkserver = ForkServer()
-                    # A Trial dropped without close() still stops its server (at the
-                    # latest when the interpreter exits).
-                    weakref.finalize(self, self._forkserver.close)
-                server = self._forkserver
-            # The supervisor is forked first and gets ready while the call is reserved.
-            with Launcher(self.ledger.directory, server) as own:
-                outcome, reservation, started_wall = self._reserve_and_run(
-                    argv, cwd, command_env, timeout, interrupt, own
-                )
         try:
             return self._finish(reservation, argv, outcome, started_wall, interrupt)
         except BaseException:
@@ -214,15 +211,19 @@ class Trial:
             self.ledger.abandon(reservation.sequence)
             raise
 
+    def _server(self) -> ForkServer:
+        """The fork server of this trial's supervisors, started on the first call."""
+        with self._guard:
+            if self._forkserver is None:
+                self._forkserver = ForkServer()
+                # A Trial dropped without close() still stops its server (at the
+                # latest when the interpreter exits).
+                weakref.finalize(self, self._forkserver.close)
+            return self._forkserver
+
     def _reserve_and_run(
-        self,
-        argv: list[str],
-        cwd: str | os.PathLike[str] | None,
-        command_env: dict[str, str],
-        timeout: float | None,
-        interrupt: Interrupt | None,
-        launcher: Launcher,
-    ) -> tuple[process.Outcome, Reservation, float]:
+        self, argv: list[str], timeout: float | None, interrupt: Interrupt | None, launcher: Launcher, **spawn: Any
+    ) -> tuple[Outcome, Reservation, float]:
         def cancelled() -> None:
             if interrupt is not None and interrupt.signum is not None:
                 msg = f"{interrupt.reason} before the call started; nothing ran and nothing is charged"
@@ -233,25 +234,15 @@ class Trial:
         )
         if timeout is not None and timeout < reservation.run_seconds:
             reservation = reservation._replace(run_seconds=float(timeout), deadline_kind="request")
-        limits = reservation.limits
         started_wall = time.time()
         deadline = time.monotonic() + reservation.run_seconds
         try:
             outcome = launcher.run(
                 argv,
                 deadline=deadline,
-                capture_cap=limits.max_capture_bytes,
-                kill_grace=limits.kill_grace,
-                cwd=None if cwd is None else os.fspath(cwd),
-                env=command_env,
-                resources=process.Resources(
-                    max_memory=limits.max_memory,
-                    max_cpu_seconds=limits.max_cpu_seconds,
-                    max_file_size=limits.max_file_size,
-                    max_open_files=limits.max_open_files,
-                    max_procs=limits.max_procs,
-                ),
+                limits=reservation.limits,
                 interrupt_fd=None if interrupt is None else interrupt.fd,
+                **spawn,
             )
         except TrialToolError as exc:
             self._commit_failure(reservation, argv, started_wall, exc)
@@ -268,18 +259,14 @@ class Trial:
         self, reservation: Reservation, argv: list[str], started_wall: float, exc: TrialToolError
     ) -> None:
         """Record a call that trial-tool itself failed to run; it stays charged."""
-        record = records.call(
+        record = records.failed(
             trial_id=reservation.trial_id,
             sequence=reservation.sequence,
             command=argv,
-            status="trial_tool_error",
             error=exc.message,
             started_at_utc=clock.utc(started_wall),
-            ended_at_utc=clock.utc(time.time()),
-            allowance_tokens=reservation.allowance,
-            delivered_emitted_tokens=0,
-            complete_delivery=False,
-            token_cost_censored=True,
+            at_utc=clock.utc(time.time()),
+            allowance=reservation.allowance,
         )
         try:
             self.ledger.commit(reservation, record)
@@ -292,92 +279,44 @@ class Trial:
         self,
         reservation: Reservation,
         argv: list[str],
-        outcome: process.Outcome,
+        outcome: Outcome,
         started_wall: float,
         interrupt: Interrupt | None,
     ) -> CallResult:
-        limits = reservation.limits
-        stdout_cut = outcome.stdout_bytes > limits.max_capture_bytes
-        stderr_cut = outcome.stderr_bytes > limits.max_capture_bytes
-        status, exit_code, notice = verdict.judge(outcome, reservation, argv, stdout_cut, stderr_cut, interrupt)
-        stdout_text = _decode(outcome.stdout, stdout_cut)
-        stderr_text = _decode(outcome.stderr, stderr_cut)
-        if stdout_text or stderr_text or notice:
-            assert self._rank_path is not None  # set by the reservation's preflight
-            encoder = tokens.verified(self._rank_path).encoder()
-            out, err = clipping.deliver(encoder, stdout_text, stderr_text, reservation.allowance, limits.clip, notice)
-        else:
-            # Nothing printed: nothing to count, and the encoder is never built.
-            out = err = clipping.StreamDelivery("", 0, 0, False)
-        clipped = out.clipped or err.clipped
-        if clipped and status == "ok":
-            status = "truncated"
-        ran_to_end = outcome.ended == "exited"
-        delivered = out.tokens + err.tokens
-        record = records.call(
-            trial_id=reservation.trial_id,
-            sequence=reservation.sequence,
-            command=argv,
-            status=status,
-            complete_delivery=ran_to_end and not (clipped or stdout_cut or stderr_cut),
-            stdout_b64=base64.b64encode(outcome.stdout).decode("ascii"),
-            stderr_b64=base64.b64encode(outcome.stderr).decode("ascii"),
-            stdout_bytes=outcome.stdout_bytes,
-            stderr_bytes=outcome.stderr_bytes,
-            stdout_sha256=outcome.stdout_sha256,
-            stderr_sha256=outcome.stderr_sha256,
-            stdout_capture_truncated=stdout_cut,
-            stderr_capture_truncated=stderr_cut,
-            delivered_stdout_bytes=len(out.text.encode("utf-8")),
-            delivered_stderr_bytes=len(err.text.encode("utf-8")),
-            delivered_stdout_sha256=_sha256(out.text),
-            delivered_stderr_sha256=_sha256(err.text),
-            observed_stdout_tokens=out.observed_tokens,
-            observed_stderr_tokens=err.observed_tokens,
-            observed_emitted_tokens=out.observed_tokens + err.observed_tokens,
-            delivered_stdout_tokens=out.tokens,
-            delivered_stderr_tokens=err.tokens,
-            delivered_emitted_tokens=delivered,
-            allowance_tokens=reservation.allowance,
-            clip=limits.clip,
-            tokenizer=tokens.ENCODING_NAME,
-            token_cost_censored=not ran_to_end or stdout_cut or stderr_cut,
-            output_truncated=clipped,
-            trial_tool_notice=notice or None,
-            elapsed_seconds=outcome.elapsed,
-            started_at_utc=clock.utc(started_wall),
-            ended_at_utc=clock.utc(time.time()),
-            deadline_seconds=reservation.run_seconds,
+        judged = verdict.judge(
+            outcome,
+            reservation.limits,
+            argv,
+            run_seconds=reservation.run_seconds,
             deadline_kind=reservation.deadline_kind,
-            ended=outcome.ended,
-            command_exit_code=outcome.exit_code,
-            command_signal=outcome.signal,
-            return_code=exit_code,
-            error=outcome.error,
-            stop_signal=outcome.stop_signal,
-            deadline_overshoot_seconds=outcome.deadline_overshoot,
-            exited_after_deadline_seconds=outcome.exited_after_deadline,
-            processes_killed=outcome.killed,
-            processes_surviving=list(outcome.survivors),
-            peak_rss_bytes=outcome.peak_rss,
-            peak_rss_scope=outcome.peak_rss_scope,
-            cpu_user_seconds=outcome.cpu_user,
-            cpu_system_seconds=outcome.cpu_system,
-            containment=outcome.containment,
+            interrupt=interrupt,
         )
+        assert self._rank_path is not None  # set by the reservation's preflight
+        out, err, status, record = deliver(outcome, reservation, argv, judged, self._rank_path, started_wall)
         state = self.ledger.commit(reservation, record)
         return CallResult(
             sequence=reservation.sequence,
             status=status,
-            exit_code=exit_code,
+            exit_code=judged[1],
             stdout=out.text,
             stderr=err.text,
-            delivered_tokens=delivered,
+            delivered_tokens=out.tokens + err.tokens,
             allowance=reservation.allowance,
-            output_truncated=clipped,
+            output_truncated=out.clipped or err.clipped,
             record=record,
             budget=budget.of(state),
         )
 
 
-__all__ = ["CallResult", "Trial"]
+def use_launcher(trial: Trial, launcher: Launcher) -> None:
+    """Give `trial` a supervisor forked ahead of time, for its next call only.
+
+    The CLI forks its supervisor before it imports this module, so that the
+    supervisor gets ready while the rest loads; the call then runs in the
+    launcher's working directory unless it names one.
+    """
+    with trial._guard:
+        trial._ready = launcher
+
+
+__all__ = ["CallResult", "Trial", "stop_leftovers", "use_launcher"]

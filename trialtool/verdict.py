@@ -1,30 +1,40 @@
-"""A call's verdict: its status word, the exit code to report, and trial-tool's notice for the agent."""
+"""A call's verdict: its status word, the exit code to report, and trial-tool's notice for the agent.
+
+A pure decision over what running the command produced; tests/test_verdict.py
+lists its cases as a table.
+"""
 
 from __future__ import annotations
 
 import signal
+from typing import TYPE_CHECKING
 
-from . import process
-from .callresult import Interrupt
 from .errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_TIMEOUT
-from .ledger import Reservation
-from .limits import FLAG_OF, Limits
+from .limits import FLAG_OF
+
+if TYPE_CHECKING:
+    from .callresult import Interrupt
+    from .limits import Limits
+    from .process.outcome import Outcome
 
 
 def judge(
-    outcome: process.Outcome,
-    reservation: Reservation,
+    outcome: Outcome,
+    limits: Limits,
     argv: list[str],
-    stdout_cut: bool,
-    stderr_cut: bool,
-    interrupt: Interrupt | None,
+    *,
+    run_seconds: float,
+    deadline_kind: str,
+    interrupt: Interrupt | None = None,
 ) -> tuple[str, int, str]:
     """The call's status, the exit code to report, and trial-tool's notice for the agent (or "").
 
     124 means trial-tool stopped the command (deadline, output cap, process-cap
     sweep); a command the kernel stopped at a limit keeps its own code (128 + signal).
+    `deadline_kind` says which limit set the deadline: "call", "trial" or "request".
     """
-    limits: Limits = reservation.limits
+    stdout_cut = outcome.stdout_bytes > limits.max_capture_bytes
+    stderr_cut = outcome.stderr_bytes > limits.max_capture_bytes
     ended = outcome.ended
     if ended == "not_found":
         return "command_error", EXIT_NOT_FOUND, f"trial-tool: {argv[0]}: command not found\n"
@@ -35,9 +45,10 @@ def judge(
         reason = interrupt.reason if interrupt is not None else "trial-tool was told to stop"
         return "interrupted", 128 + sig, f"\n[trial-tool: stopped: {reason}]\n"
     if ended == "deadline":
-        kind = reservation.deadline_kind
-        flag = {"call": FLAG_OF["call_timeout"], "trial": FLAG_OF["trial_timeout"]}.get(kind, "the call's timeout")
-        what = f"stopped at the {reservation.run_seconds:.3g} s {kind} deadline ({flag})"
+        flag = {"call": FLAG_OF["call_timeout"], "trial": FLAG_OF["trial_timeout"]}.get(
+            deadline_kind, "the call's timeout"
+        )
+        what = f"stopped at the {run_seconds:.3g} s {deadline_kind} deadline ({flag})"
         if outcome.process_cap_hit:
             # The cap refused its forks and it waited on until the deadline: the cap is the cause.
             what += f" after hitting the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
@@ -50,6 +61,11 @@ def judge(
     if ended == "process_limit":
         what = f"stopped: more than {limits.max_procs} processes ({FLAG_OF['max_procs']})"
         return "process_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
+    return _exited(outcome, limits, stdout_cut or stderr_cut)
+
+
+def _exited(outcome: Outcome, limits: Limits, capture_cut: bool) -> tuple[str, int, str]:
+    """The verdict on a command that ended by itself or by the kernel's hand: its own code, and why."""
     code = 128 + outcome.signal if outcome.signal is not None else (outcome.exit_code or 0)
     cpu_used = outcome.cpu_user + outcome.cpu_system
 
@@ -71,7 +87,7 @@ def judge(
     if outcome.process_cap_hit:
         what = f"the command hit the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
         return "process_limit", code, f"\n[trial-tool: {what}]\n"
-    if stdout_cut or stderr_cut:
+    if capture_cut:
         return "output_limit", code, ""
     return ("ok" if code == 0 else "error"), code, ""
 

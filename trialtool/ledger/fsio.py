@@ -10,20 +10,13 @@ from __future__ import annotations
 
 import os
 
-from .errors import StorageError
+from ..errors import StorageError
+from ..fdio import ensure_directory, write_all
 
 
 def _fail(step: str, path: str, exc: OSError) -> StorageError:
     reason = exc.strerror or str(exc)
     return StorageError(f"cannot {step} {path}: {reason}")
-
-
-def ensure_directory(directory: str) -> None:
-    """Create `directory` and its parents if missing; StorageError naming it if that fails."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as exc:
-        raise _fail("create directory", directory, exc) from exc
 
 
 def read_bytes(path: str) -> bytes | None:
@@ -51,13 +44,6 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
 def atomic_write(path: str, data: bytes, *, sync_directory: bool = True) -> None:
     """Replace `path` with `data` so that a crash leaves the old file or the new, never a mix.
 
@@ -75,7 +61,7 @@ def atomic_write(path: str, data: bytes, *, sync_directory: bool = True) -> None
     step = "write"
     try:
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             step = "fsync"
             os.fsync(fd)
         finally:
@@ -109,7 +95,7 @@ def append(path: str, data: bytes) -> int:
         created = old_size == 0
         step = "append to"
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             step = "fsync"
             os.fsync(fd)
         except OSError as exc:

@@ -27,9 +27,10 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from .errors import TrialToolError
-from .interrupts import Cancellation
-from .trial import Trial
+from ..errors import TrialToolError
+from ..fdio import write_all
+from ..process.interrupts import Cancellation
+from ..trial import Trial
 
 #: JSON-RPC 2.0 error codes.
 PARSE_ERROR = -32700
@@ -111,10 +112,8 @@ class Server:
         with self._write_lock:
             if self._client_gone:
                 return
-            view = memoryview(line)
             try:
-                while view:
-                    view = view[os.write(self._out_fd, view) :]
+                write_all(self._out_fd, line)
             except BrokenPipeError:
                 # The client went away; calls still run to their end and are recorded.
                 self._client_gone = True

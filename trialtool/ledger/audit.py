@@ -14,8 +14,8 @@ import hashlib
 import json
 from typing import Any, NamedTuple
 
+from ..errors import StateError
 from . import fsio
-from .errors import StateError
 
 GENESIS = "0" * 64
 
@@ -83,9 +83,9 @@ def read_tail(path: str, head: LogHead, chain: Chain) -> Tail:
 
     Every line's `prev_hash` must be the digest of the line before, and the last
     must digest to the state's head: a line deleted, edited or moved anywhere, a
-    log cut or swapped, all fail here (StateError). It reads the whole log, about
-    1 ms per MB here, which is what it costs to refuse a doctored log on every call
-    rather than only at `verify` time.
+    log cut or swapped, all fail here (StateError). It reads the whole log, in
+    time linear in its size (docs/performance.md): what it costs to refuse a
+    doctored log on every call rather than only at `verify` time.
     """
     try:
         with open(path, "rb") as handle:

@@ -21,16 +21,17 @@ from __future__ import annotations
 import os
 import sys
 
-from . import fsio
+from ..errors import StorageError, TrialToolError
+from ..fdio import ensure_directory, write_all
 from .capture import open_unlinked
-from .errors import StorageError, TrialToolError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from ..limits import Limits
     from .forkserver import ForkServer
-    from .process import Outcome, Resources
+    from .outcome import Outcome
 
 
 class Launcher:
@@ -51,7 +52,7 @@ class Launcher:
         self.spools: tuple[int, int] | None = None
 
     def __enter__(self) -> Launcher:
-        fsio.ensure_directory(self.spool_dir)
+        ensure_directory(self.spool_dir)
         # The spools are opened before the fork, so that both sides share them.
         try:
             self.spools = (open_unlinked(self.spool_dir), open_unlinked(self.spool_dir))
@@ -111,43 +112,31 @@ class Launcher:
         argv: list[str],
         *,
         deadline: float,
-        capture_cap: int,
-        kill_grace: float,
+        limits: Limits,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
-        resources: Resources | None = None,
         interrupt_fd: int | None = None,
     ) -> Outcome:
-        """Run `argv` until it exits, reaches `deadline` (monotonic), overflows `capture_cap`, or is interrupted."""
+        """Run `argv` until it exits, reaches `deadline` (monotonic), passes a limit, or is interrupted."""
         import json
 
-        from .process import Resources, outcome
+        from .outcome import outcome
 
         assert self.spools is not None and self.pid > 0, "run() once, inside the with block"
         # The fields of running.Spec, which only the supervisor imports (it pulls in
         # the cgroup code, which this side never needs).
-        orders = {
-            "argv": argv,
-            "cwd": cwd,
-            "env": env,
-            "deadline": deadline,
-            "capture_cap": capture_cap,
-            "kill_grace": kill_grace,
-            **(resources or Resources())._asdict(),
-        }
-        _write_all(self._control_w, json.dumps(orders).encode() + b"\n")
+        orders = {"argv": argv, "cwd": cwd, "env": env, "deadline": deadline, "limits": limits._asdict()}
+        write_all(self._control_w, json.dumps(orders).encode() + b"\n")
         result = self._wait(interrupt_fd)
         if "fatal" in result:
             msg = f"the call's supervisor failed: {result['fatal']}"
             raise TrialToolError(msg)
-        return outcome(result, self.spools, capture_cap)
+        return outcome(result, self.spools, limits.max_capture_bytes)
 
     def _wait(self, interrupt_fd: int | None) -> dict[str, Any]:
         """The supervisor's result line; an interrupt on the way becomes a stop request."""
         import json
-        import select
         import selectors
-        import signal
 
         pid, self.pid = self.pid, -1
         own_child = self.forkserver is None
@@ -187,18 +176,7 @@ class Launcher:
         except BaseException:
             # Whatever went wrong here, the supervisor stops the tree; wait for it so
             # nothing outlives the call, then let the error go on.
-            try:
-                if watch_fd >= 0:
-                    # Through the pidfd: a fork server may have reaped it and its pid be reused.
-                    signal.pidfd_send_signal(watch_fd, signal.SIGTERM)
-                else:
-                    os.kill(pid, signal.SIGTERM)
-                if own_child:
-                    os.waitpid(pid, 0)
-                elif watch_fd >= 0:
-                    select.select([watch_fd], [], [])
-            except (ChildProcessError, ProcessLookupError):
-                pass
+            _stop_and_wait(pid, watch_fd, own_child)
             raise
         finally:
             selector.close()
@@ -212,6 +190,25 @@ class Launcher:
         return parsed
 
 
+def _stop_and_wait(pid: int, watch_fd: int, own_child: bool) -> None:
+    """Tell a supervisor to stop (it then stops its tree) and wait until it has."""
+    import select
+    import signal
+
+    try:
+        if watch_fd >= 0:
+            # Through the pidfd: a fork server may have reaped it and its pid be reused.
+            signal.pidfd_send_signal(watch_fd, signal.SIGTERM)
+        else:
+            os.kill(pid, signal.SIGTERM)
+        if own_child:
+            os.waitpid(pid, 0)
+        elif watch_fd >= 0:
+            select.select([watch_fd], [], [])
+    except (ChildProcessError, ProcessLookupError):
+        pass
+
+
 def _pidfd(pid: int) -> int:
     """A descriptor readable when `pid` exits, or -1 (kernel older than 5.3, not Linux)."""
     pidfd_open = getattr(os, "pidfd_open", None)
@@ -221,12 +218,6 @@ def _pidfd(pid: int) -> int:
         return int(pidfd_open(pid))
     except OSError:
         return -1
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 __all__ = ["Launcher"]

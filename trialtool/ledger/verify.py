@@ -1,9 +1,10 @@
 """`trial-tool verify`: check a whole trial, the log's chain, every record's totals, and the state.
 
-Read-only, and independent of the ledger's code paths: it recomputes the
-totals from the records one by one, so a state or a log edited by hand, a line
-deleted, changed or moved, or a state restored from an older copy shows up as
-the first record (or the state) where the numbers stop adding up.
+Read-only, and independent of the ledger's writing side (ledger.py, store.py,
+mending.py): it recomputes the totals from the records one by one with the
+same rule the ledger uses (records.apply), so a state or a log edited by hand,
+a line deleted, changed or moved, or a state restored from an older copy shows
+up as the first record (or the state) where the numbers stop adding up.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import json
 import os
 from typing import Any, NamedTuple
 
-from . import audit, fsio, records, statefile
-from .errors import StateError
-from .ledger import REPAIR
+from ..errors import StateError
+from . import audit, fsio
+from .records import Totals, apply, whole
+from .state import decode
 
 
 class Problem(NamedTuple):
@@ -29,13 +31,13 @@ class Report(NamedTuple):
     ok: bool
     problems: list[Problem]
     records: int
-    totals: dict[str, int]
+    totals: Totals
 
     def as_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "records": self.records,
-            "totals": self.totals,
+            "totals": self.totals.as_json(),
             "first_bad_sequence": next((p.sequence for p in self.problems if p.sequence is not None), None),
             "problems": [p._asdict() for p in self.problems],
         }
@@ -46,7 +48,7 @@ def verify(state_path: str | os.PathLike[str], log_path: str | os.PathLike[str],
     state_path, log_path = os.fspath(state_path), os.fspath(log_path)
     chain = audit.Chain(key)
     problems: list[Problem] = []
-    totals = {"charged_calls": 0, "emitted_tokens": 0, "refused_calls": 0}
+    totals = Totals()
     head, offset, last_offset = audit.GENESIS, 0, 0
     trial_id: str | None = None
     charged_sequences: set[int] = set()
@@ -74,25 +76,19 @@ def verify(state_path: str | os.PathLike[str], log_path: str | os.PathLike[str],
         trial_id = trial_id or record.get("trial_id")
         if record.get("trial_id") != trial_id:
             bad("record of another trial")
-        status = record.get("status")
-        if record.get("record_type") == REPAIR:
-            pass
-        elif status in records.REFUSED:
-            totals["refused_calls"] += 1
-        elif record.get("charged"):
-            totals["charged_calls"] += 1
-            delivered = int(record.get("delivered_emitted_tokens") or 0)
-            totals["emitted_tokens"] += delivered
-            if delivered > int(record.get("allowance_tokens") or 0):
+        after = apply(totals, record)
+        if after is None:
+            bad(f"unknown kind of record (status {record.get('status')!r})")
+        elif after.charged_calls > totals.charged_calls:
+            if after.emitted_tokens - totals.emitted_tokens > whole(record.get("allowance_tokens")):
                 bad("delivered more tokens than the call's allowance")
             if sequence in charged_sequences:
                 bad("a call recorded twice")
             if sequence is not None:
                 charged_sequences.add(sequence)
-        else:
-            bad(f"unknown kind of record (status {status!r})")
-        if record.get("ledger_after") != totals:
-            bad(f"totals after this record should be {dict(totals)}, the record says {record.get('ledger_after')}")
+        totals = after or totals
+        if record.get("ledger_after") != totals.as_json():
+            bad(f"totals after this record should be {totals.as_json()}, the record says {record.get('ledger_after')}")
         head = chain.digest(line)
         last_offset, offset = offset, offset + len(raw)
     _check_state(state_path, chain, problems, len(lines), offset, head, last_offset, totals, charged_sequences)
@@ -107,7 +103,7 @@ def _check_state(
     size: int,
     head: str,
     last_offset: int,
-    totals: dict[str, int],
+    totals: Totals,
     charged: set[int],
 ) -> None:
     raw = fsio.read_bytes(state_path)
@@ -115,11 +111,11 @@ def _check_state(
         problems.append(Problem(None, None, f"no state at {state_path}"))
         return
     try:
-        state = statefile.decode(raw, state_path, chain)
+        state = decode(raw, state_path, chain)
     except StateError as exc:
         problems.append(Problem(None, None, exc.message))
         return
-    log: audit.LogHead = state["log"]
+    log = state.log
     if (log.records, log.bytes, log.head, log.last_offset) != (count, size, head, last_offset):
         problems.append(
             Problem(
@@ -129,10 +125,12 @@ def _check_state(
                 f"but the log has {count} records and {size} bytes (or a different last record)",
             )
         )
-    expected = statefile.totals(state)
+    expected = state.totals()
     if expected != totals:
-        problems.append(Problem(None, None, f"state counters {expected} disagree with the log's {totals}"))
-    in_flight = {int(key) for key in state["in_flight"]}
+        problems.append(
+            Problem(None, None, f"state counters {expected.as_json()} disagree with the log's {totals.as_json()}")
+        )
+    in_flight = set(state.in_flight)
     if in_flight & charged:
         problems.append(Problem(None, min(in_flight & charged), "a call both in flight and recorded"))
 
@@ -147,8 +145,8 @@ def render(report: Report) -> str:
     totals = report.totals
     verdict = "ok" if report.ok else "FAILED"
     out.append(
-        f"{verdict}: {report.records} records, {totals['charged_calls']} calls charged, "
-        f"{totals['emitted_tokens']} tokens delivered, {totals['refused_calls']} refused"
+        f"{verdict}: {report.records} records, {totals.charged_calls} calls charged, "
+        f"{totals.emitted_tokens} tokens delivered, {totals.refused_calls} refused"
     )
     return "\n".join(out)
 

@@ -1,20 +1,59 @@
-"""The audit record schema: every field of the reference's record, plus what a grader needs.
+"""The audit records' schema, and the one rule for how a record changes the ledger's totals.
 
-Three kinds share one shape (`record_type` "trial_tool_call"), told apart by
+Calls share one shape (`record_type` "trial_tool_call"), told apart by
 `status`: a call that ran, a call refused before it ran (`maximum_tool_calls`,
 `maximum_emitted_tokens`, `task_timeout_seconds`), and a call whose trial-tool
-died before committing it (`abandoned`). The README documents each field.
+died before committing it (`abandoned`). A fourth kind, `trial_tool_repair`,
+says that a torn last line was cut off after a crash. docs/records.md
+documents each field.
+
+`apply` is the rule both the ledger (rolling a crash forward) and `verify`
+(recomputing a whole trial) use, so the two can never disagree on it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import base64
+import hashlib
+from typing import Any, NamedTuple
 
 RECORD_TYPE = "trial_tool_call"
+#: Record type of a log repair (a torn line cut off).
+REPAIR = "trial_tool_repair"
 RECORD_VERSION = 1
 
 #: Statuses of calls refused before running.
 REFUSED = ("maximum_tool_calls", "maximum_emitted_tokens", "task_timeout_seconds")
+
+
+class Totals(NamedTuple):
+    """The ledger's running totals, as every record states them after itself (`ledger_after`)."""
+
+    charged_calls: int = 0
+    emitted_tokens: int = 0
+    refused_calls: int = 0
+
+    def as_json(self) -> dict[str, int]:
+        return self._asdict()
+
+
+def whole(value: Any) -> int:
+    """A record's count, or 0 where it holds anything but a whole number (verify must not raise)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def apply(totals: Totals, record: dict[str, Any]) -> Totals | None:
+    """The totals after `record`; None for a record of no kind the ledger writes."""
+    if record.get("record_type") == REPAIR:
+        return totals
+    if record.get("status") in REFUSED:
+        return totals._replace(refused_calls=totals.refused_calls + 1)
+    if record.get("charged") is True:
+        return totals._replace(
+            charged_calls=totals.charged_calls + 1,
+            emitted_tokens=totals.emitted_tokens + whole(record.get("delivered_emitted_tokens")),
+        )
+    return None
 
 
 def _base(trial_id: str, sequence: int, command: list[str], status: str) -> dict[str, Any]:
@@ -105,6 +144,47 @@ def abandoned(
     return record
 
 
+def failed(
+    *,
+    trial_id: str,
+    sequence: int,
+    command: list[str],
+    error: str,
+    started_at_utc: str,
+    at_utc: str,
+    allowance: int,
+) -> dict[str, Any]:
+    """A call that trial-tool itself failed to run (`trial_tool_error`): charged, nothing delivered."""
+    return call(
+        trial_id=trial_id,
+        sequence=sequence,
+        command=command,
+        status="trial_tool_error",
+        error=error,
+        started_at_utc=started_at_utc,
+        ended_at_utc=at_utc,
+        allowance_tokens=allowance,
+        delivered_emitted_tokens=0,
+        complete_delivery=False,
+        token_cost_censored=True,
+    )
+
+
+def repair(trial_id: str, torn: bytes, at_utc: str) -> dict[str, Any]:
+    """The record saying that a torn last line of `torn` bytes was cut off."""
+    return {
+        "record_type": REPAIR,
+        "record_version": RECORD_VERSION,
+        "trial_id": trial_id,
+        "status": "log_repaired",
+        "charged": False,
+        "removed_bytes": len(torn),
+        "removed_sha256": hashlib.sha256(torn).hexdigest(),
+        "removed_b64": base64.b64encode(torn).decode("ascii"),
+        "at_utc": at_utc,
+    }
+
+
 def call(*, trial_id: str, sequence: int, command: list[str], status: str, **fields: Any) -> dict[str, Any]:
     """A call that ran (or tried to: not found, not executable); `fields` are the rest."""
     record = _base(trial_id, sequence, command, status)
@@ -113,4 +193,16 @@ def call(*, trial_id: str, sequence: int, command: list[str], status: str, **fie
     return record
 
 
-__all__ = ["RECORD_TYPE", "RECORD_VERSION", "REFUSED", "abandoned", "call", "refusal"]
+__all__ = [
+    "RECORD_TYPE",
+    "RECORD_VERSION",
+    "REFUSED",
+    "REPAIR",
+    "Totals",
+    "abandoned",
+    "apply",
+    "call",
+    "refusal",
+    "repair",
+    "whole",
+]

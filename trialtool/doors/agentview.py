@@ -10,12 +10,12 @@ it is the same for every trial, so budgets stay comparable.
 
 from __future__ import annotations
 
-from .budget import Budget
-from .errors import BudgetExhausted, TrialToolError
+from ..budget import Budget
+from ..errors import BudgetExhausted, TrialToolError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .callresult import CallResult
+    from ..callresult import CallResult
 
 
 def left(budget: Budget) -> str:

@@ -1,11 +1,11 @@
 """The ledger lock: an exclusive flock(2) on a separate lock file, with a timeout.
 
-Why not the filelock package: importing it costs ~37 ms here (it pulls in
-logging, inspect, secrets and asyncio machinery), nearly half of a call's
-80 ms overhead budget, and of what it offers we need only this: one exclusive
-lock on a side file that the kernel releases when its holder dies. flock(2)
-does exactly that on Linux and macOS. The lock file holds the holder's pid so
-that a timeout can say who is holding it.
+Why not the filelock package, which the project's design names: importing it
+pulls in logging, inspect, secrets and asyncio machinery, which measured at
+about half of a cold call's whole overhead (docs/performance.md), and of what
+it offers we need only this: one exclusive lock on a side file that the kernel
+releases when its holder dies. flock(2) does exactly that on Linux and macOS.
+The lock file holds the holder's pid so that a timeout can say who is holding it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import fcntl
 import os
 import time
 
-from .errors import LockTimeout, StorageError
+from ..errors import LockTimeout, StorageError
 
 TYPE_CHECKING = False  # not typing's: see cli.py
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from .errors import UsageError
+from ..errors import UsageError
 
 #: What `--clean-env` keeps from trial-tool's environment: enough to find programs,
 #: a home, a locale and a terminal type, and nothing that carries credentials.

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..callresult import CallResult
+from ..errors import TrialToolError
+from ..trial import Trial
 from . import agentview
-from .callresult import CallResult
-from .errors import TrialToolError
-from .trial import Trial
 
 TOOL_NAME = "shell"
 

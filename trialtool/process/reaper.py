@@ -15,6 +15,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Callable
 
 
 def _children(pid: int) -> list[int]:
@@ -119,15 +120,21 @@ def kill_all(known: set[int] | None = None, timeout: float = 10.0) -> tuple[int,
         pause = min(pause * 2, 0.01)
 
 
-def signal_all(sig: int) -> None:
-    """Send `sig` to every descendant (SIGCONT first when it is SIGTERM, so stopped ones can act)."""
+def _send(kill: Callable[[int, int], None], target: int, sig: int) -> None:
+    """`sig` to a process or group; SIGCONT first when it is SIGTERM, so that stopped ones can act on it."""
+    try:
+        if sig == signal.SIGTERM:
+            kill(target, signal.SIGCONT)
+        kill(target, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # gone already (or a group whose last member just left)
+
+
+def signal_tree(pgid: int, sig: int) -> None:
+    """Signal the command's process group, then every descendant (those that left the group too)."""
+    _send(os.killpg, pgid, sig)
     for pid in descendants():
-        try:
-            if sig == signal.SIGTERM:
-                os.kill(pid, signal.SIGCONT)
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+        _send(os.kill, pid, sig)
 
 
-__all__ = ["descendants", "kill_all", "living_descendants", "no_children", "signal_all"]
+__all__ = ["descendants", "kill_all", "living_descendants", "no_children", "signal_tree"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-from .errors import StorageError
+from ..errors import StorageError
+from ..fdio import write_all
 
 TYPE_CHECKING = False  # not typing's: see cli.py
 if TYPE_CHECKING:
@@ -53,10 +54,6 @@ class Spool:
         self._hash = hashlib.sha256()
 
     @property
-    def kept(self) -> int:
-        return min(self.total, self.cap)
-
-    @property
     def full(self) -> bool:
         """More bytes arrived than the cap keeps."""
         return self.total > self.cap
@@ -68,10 +65,8 @@ class Spool:
             return
         chunk = data[:room]
         self._hash.update(chunk)
-        view = memoryview(chunk)
         try:
-            while view:
-                view = view[os.write(self._fd, view) :]
+            write_all(self._fd, chunk)
         except OSError as exc:
             msg = f"cannot write the output spool: {exc.strerror or exc}"
             raise StorageError(msg) from exc

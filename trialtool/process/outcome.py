@@ -1,22 +1,12 @@
-"""What running one command produced (`Outcome`), and the limits it ran under (`Resources`)."""
+"""What running one command produced (`Outcome`), read back from the supervisor's report and the spools."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, NamedTuple
 
+from ..errors import StorageError
 from .capture import EMPTY_SHA256
-from .errors import StorageError
-
-
-class Resources(NamedTuple):
-    """Per-call resource limits; 0 means none."""
-
-    max_memory: int = 0
-    max_cpu_seconds: float = 0.0
-    max_file_size: int = 0
-    max_open_files: int = 0
-    max_procs: int = 0
 
 
 class Outcome(NamedTuple):
@@ -100,4 +90,4 @@ def outcome(result: dict[str, Any], spools: tuple[int, int], cap: int) -> Outcom
     )
 
 
-__all__ = ["Outcome", "Resources", "outcome"]
+__all__ = ["Outcome", "outcome"]

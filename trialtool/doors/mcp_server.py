@@ -21,9 +21,9 @@ cancellation of a `run_shell` request stops the command; the call is recorded.
 # to build their schemas, and they name classes imported inside `build`.
 from typing import Any
 
+from ..errors import TrialToolError, UsageError
+from ..trial import Trial
 from . import agentview
-from .errors import TrialToolError, UsageError
-from .trial import Trial
 
 INSTRUCTIONS = (
     "Every run_shell call is charged to this trial's budget of calls, output tokens and time, "
@@ -43,7 +43,7 @@ def build(trial: Trial, *, max_concurrent: int = 4) -> Any:
         msg = f"`trial-tool mcp` needs the MCP SDK: pip install 'trialtool[mcp]' ({exc})"
         raise UsageError(msg) from exc
 
-    from . import __version__
+    from .._version import __version__
 
     server = MCPServer("trialtool", instructions=INSTRUCTIONS, version=__version__)
     slots = anyio.Semaphore(max_concurrent)

@@ -4,7 +4,7 @@ Why a separate process: to be a child subreaper (every orphan of the command
 comes back to it), to call waitpid(-1) without stealing another call's child,
 and to outlive trial-tool just long enough to kill the tree if trial-tool is
 SIGKILLed (its parent-death signal). It is a fork, not an exec, because a new
-interpreter would cost ~20 ms a call: the CLI forks it before any threads
+interpreter would cost an interpreter's start a call: the CLI forks it before any threads
 exist; the API gets it from its fork server (forkserver.py), which keeps one
 ready (`serve_spare`).
 
@@ -22,6 +22,8 @@ import signal
 import sys
 from typing import Any, NamedTuple, NoReturn
 
+from ..fdio import write_all
+from ..limits import Limits
 from . import reaper
 from .capture import Spool
 from .cgroups import CallGroup
@@ -100,7 +102,7 @@ def serve(spool_fds: tuple[int, int], result_fd: int, control_fd: int, parent_pi
 def serve_spare(call_socket: int, parent_pid: int) -> NoReturn:
     """A supervisor made ready ahead of any call (forkserver.py), then given one.
 
-    Joining a cgroup costs 10-20 ms on some kernels (cgroup v1 waits for an RCU
+    Joining a cgroup is slow on some kernels (cgroup v1 waits for an RCU
     grace period), so the fork server keeps one supervisor ready at all times.
     It waits for the call's four descriptors on `call_socket`; EOF there, or its
     parent's death, ends it with nothing started.
@@ -142,8 +144,9 @@ def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, rea
         if orders is None:
             ready.group.remove()
             os._exit(0)  # the call was refused or failed before it started
-        spec = Spec(**orders)
-        spools = (Spool(spool_fds[0], spec.capture_cap), Spool(spool_fds[1], spec.capture_cap))
+        spec = Spec(orders["argv"], orders["cwd"], orders["env"], orders["deadline"], Limits(**orders["limits"]))
+        cap = spec.limits.max_capture_bytes
+        spools = (Spool(spool_fds[0], cap), Spool(spool_fds[1], cap))
         result = supervise(spec, spools, control_fd, ready.signals, ready.subreaper, ready.group)
         code = 0
     except BaseException as exc:
@@ -159,9 +162,7 @@ def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, rea
 
 def _report_and_exit(result_fd: int, result: dict[str, Any], code: int) -> NoReturn:
     try:
-        view = memoryview(json.dumps(result).encode() + b"\n")
-        while view:
-            view = view[os.write(result_fd, view) :]
+        write_all(result_fd, json.dumps(result).encode() + b"\n")
         os.close(result_fd)  # the call is over: trial-tool need not wait for this process to go
     finally:
         os._exit(code)

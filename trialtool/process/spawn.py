@@ -1,10 +1,10 @@
 """Start a command in a new session, stdin from /dev/null, its two output streams on pipes.
 
 The supervisor's own small `subprocess.Popen`. We do not use subprocess itself
-because importing it costs ~8 ms here, on the path of every call, and the
+because it is a slow import on the path of every call (docs/performance.md), and the
 supervisor needs only this. Two ways:
 
-- `os.posix_spawn` (glibc does it with vfork, ~1 ms faster than a fork of a
+- `os.posix_spawn` (glibc does it with vfork, faster than a fork of a
   Python process) when nothing but the standard set-up is needed. It has no
   working-directory action, so the supervisor, which exists for this one
   command, changes its own directory first.

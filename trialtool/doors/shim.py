@@ -1,5 +1,7 @@
 """The drop-in shell shim: `sh -c CMD` from a harness becomes one budgeted call of a trial.
 
+This module writes the shims; what they run is shimcall.py.
+
 `trial-tool shim DIR --state S --log L [flags]` writes `DIR/sh` and `DIR/bash`,
 two small scripts with the trial baked in. A harness that runs its tool calls
 as `sh -c CMD` or `bash -lc CMD` (by name, through PATH) gets them budgeted once
@@ -23,7 +25,7 @@ import shlex
 import shutil
 import sys
 
-from .errors import UsageError
+from ..errors import UsageError
 
 #: The shells a shim directory provides.
 SHELLS = ("sh", "bash")
@@ -31,13 +33,13 @@ SHELLS = ("sh", "bash")
 _TEMPLATE = """#!/bin/sh
 # trial-tool shell shim: every invocation is one budgeted call of the trial below.
 # Made by `trial-tool shim`; remove DIR from PATH to stop budgeting.
-exec {python} -m trialtool.shim --real-shell {real} --shim-dir {directory} -- {flags} -- "$@"
+exec {python} -m trialtool.doors.shimcall --real-shell {real} --shim-dir {directory} -- {flags} -- "$@"
 """
 
 
 def _real_shell(name: str, directory: str) -> str:
     """The first `name` on PATH that is not in the shim directory (else /bin/NAME)."""
-    search = _path_without(directory)
+    search = path_without(directory)
     found = shutil.which(name, path=search)
     if found is None and os.path.exists(f"/bin/{name}"):
         found = f"/bin/{name}"
@@ -48,7 +50,7 @@ def _real_shell(name: str, directory: str) -> str:
     return os.path.abspath(found)
 
 
-def _path_without(directory: str) -> str:
+def path_without(directory: str) -> str:
     """This process's PATH with the shim directory taken out."""
     entries = os.environ.get("PATH", os.defpath).split(os.pathsep)
     return os.pathsep.join(entry for entry in entries if not _same_dir(entry, directory))
@@ -109,41 +111,4 @@ def runs_something(shell_args: list[str]) -> bool:
 _TAKES_VALUE = frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m trialtool.shim --real-shell P --shim-dir D -- FLAGS -- SHELL_ARGS...`."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        real, directory = args[1], args[3]
-        if args[0] != "--real-shell" or args[2] != "--shim-dir" or args[4] != "--":
-            raise IndexError
-        rest = args[5:]
-        cut = rest.index("--")
-    except (IndexError, ValueError):
-        print("trial-tool shim: malformed shim script; make it again with `trial-tool shim`", file=sys.stderr)
-        return 125
-    flags, shell_args = rest[:cut], rest[cut + 1 :]
-    if not runs_something(shell_args):
-        print(
-            f"trial-tool shim: `{os.path.basename(real)}` with nothing to run (it would read commands from stdin); "
-            "the shim budgets `sh -c CMD` and `sh SCRIPT` only",
-            file=sys.stderr,
-        )
-        return 125
-    path = _path_without(directory)
-    from . import cli
-
-    return cli.main([*flags, "--env", f"PATH={path}", "--", real, *shell_args])
-
-
-if __name__ == "__main__":
-    # Like `trial-tool`: flush, then exit without the interpreter's teardown.
-    code = main()
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BrokenPipeError:
-        pass
-    os._exit(code)
-
-
-__all__ = ["SHELLS", "install", "main", "runs_something"]
+__all__ = ["SHELLS", "install", "path_without", "runs_something"]

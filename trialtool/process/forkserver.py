@@ -4,7 +4,7 @@ The CLI forks each call's supervisor from itself (launcher.py): it is a fresh,
 single-threaded process. A harness that embeds trialtool is neither: it has
 threads (asyncio's executor, its own), and forking a threaded process can
 deadlock the child on a lock another thread held. It also carries a large heap
-(the encoder alone is ~100 MB of Python objects), which makes every fork and
+(the encoder alone is a large heap of Python objects), which makes every fork and
 the supervisor's first steps slow (page tables, copy-on-write faults).
 
 So the API starts this server once, with fork+exec (safe from threads), and
@@ -54,12 +54,12 @@ class ForkServer:
         import subprocess
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         # The same interpreter finds the same trialtool; a source checkout not on the
         # path is appended (never prepended: that could shadow the standard library).
         code = (
             "import sys; sys.argv[1] in sys.path or sys.path.append(sys.argv[1]); "
-            "from trialtool.forkserver import serve; serve(int(sys.argv[2]))"
+            "from trialtool.process.forkserver import serve; serve(int(sys.argv[2]))"
         )
         # stdout is /dev/null: nothing it or a supervisor prints can reach the caller's
         # stdout, which may be a protocol stream (serve, mcp).
@@ -134,32 +134,30 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-def serve(fd: int) -> None:
-    """The server's loop: hand a ready supervisor each request's descriptors, reply with its pid.
+class _Server:
+    """The server's side: one connection to its caller, one spare supervisor, its children."""
 
-    One supervisor is kept ready (forked, in its cgroup) ahead of the next
-    request, so that a call does not wait for the cgroup join; a new one is
-    forked as soon as one is handed out.
-    """
-    import selectors
-    import signal
+    def __init__(self, fd: int) -> None:
+        import signal
 
-    from . import supervisor
+        self.sock = socket.socket(fileno=fd)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        # The caller's Ctrl-C reaches us too (same process group); the caller decides.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.children: set[int] = set()
+        self.pid = os.getpid()
+        self.spare: tuple[int, socket.socket] | None = None
 
-    # Imported and loaded once here, so that no supervisor pays for it.
-    supervisor.preload()
-    sock = socket.socket(fileno=fd)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    # The caller's Ctrl-C reaches us too (same process group); the caller decides.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    children: set[int] = set()
-    parent = os.getpid()
+    def fork_spare(self) -> tuple[int, socket.socket] | None:
+        """A supervisor made ready for the next call, and our end of its socket; None if fork failed."""
+        import signal
 
-    def fork_spare() -> tuple[int, socket.socket] | None:
+        from . import supervisor
+
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             pid = os.fork()
@@ -169,76 +167,102 @@ def serve(fd: int) -> None:
             return None
         if pid == 0:
             try:
-                sock.close()
+                self.sock.close()
                 ours.close()
-                os.close(wake_r)
-                os.close(wake_w)
+                os.close(self.wake_r)
+                os.close(self.wake_w)
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
             finally:
-                supervisor.serve_spare(theirs.detach(), parent)
+                supervisor.serve_spare(theirs.detach(), self.pid)
         theirs.close()
-        children.add(pid)
+        self.children.add(pid)
         return pid, ours
 
-    def reap() -> None:
-        for pid in list(children):
+    def reap(self) -> None:
+        for pid in list(self.children):
             try:
                 done, _ = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 done = pid
             if done:
-                children.discard(pid)
+                self.children.discard(pid)
 
-    spare = fork_spare()
-    with selectors.DefaultSelector() as selector:
-        selector.register(sock, selectors.EVENT_READ)
-        selector.register(wake_r, selectors.EVENT_READ)
-        while True:
-            ready = {key.fd for key, _ in selector.select()}
-            if wake_r in ready:
-                try:
-                    while os.read(wake_r, 64):
+    def hand_over(self, fds: list[int]) -> int:
+        """Give the spare supervisor a call's descriptors; its pid, or -errno."""
+        self.reap()
+        if self.spare is not None and self.spare[0] not in self.children:
+            self.spare[1].close()  # it died waiting (killed from outside)
+            self.spare = None
+        if self.spare is None:
+            self.spare = self.fork_spare()
+        if self.spare is None or len(fds) != _FDS:
+            return -errno.EAGAIN
+        pid, handle = self.spare
+        self.spare = None
+        try:
+            socket.send_fds(handle, [b"f"], fds)
+            return pid
+        except OSError as exc:
+            return -(exc.errno or errno.EIO)
+        finally:
+            handle.close()
+
+    def loop(self) -> None:
+        import selectors
+
+        self.spare = self.fork_spare()
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.sock, selectors.EVENT_READ)
+            selector.register(self.wake_r, selectors.EVENT_READ)
+            while True:
+                ready = {key.fd for key, _ in selector.select()}
+                if self.wake_r in ready:
+                    try:
+                        while os.read(self.wake_r, 64):
+                            pass
+                    except BlockingIOError:
                         pass
-                except BlockingIOError:
-                    pass
-                reap()
-            if sock.fileno() not in ready:
-                continue
-            _, fds, _, _ = socket.recv_fds(sock, 16, _FDS)
-            if not fds:
-                break  # EOF: the caller is done or gone
-            reap()
-            if spare is not None and spare[0] not in children:
-                spare[1].close()  # it died waiting (killed from outside)
-                spare = None
-            if spare is None:
-                spare = fork_spare()
-            if spare is None or len(fds) != _FDS:
+                    self.reap()
+                if self.sock.fileno() not in ready:
+                    continue
+                _, fds, _, _ = socket.recv_fds(self.sock, 16, _FDS)
+                if not fds:
+                    return  # EOF: the caller is done or gone
+                reply = self.hand_over(fds)
                 for each in fds:
                     os.close(each)
-                sock.sendall(_PID.pack(-errno.EAGAIN))
-                continue
-            pid, handle = spare
+                self.sock.sendall(_PID.pack(reply))
+                if self.spare is None:
+                    self.spare = self.fork_spare()
+
+    def shut_down(self) -> None:
+        """EOF to the spare (it removes its cgroup and exits), then wait for every supervisor."""
+        self.sock.close()
+        if self.spare is not None:
+            self.spare[1].close()
+        for pid in self.children:
             try:
-                socket.send_fds(handle, [b"f"], fds)
-                reply = pid
-            except OSError as exc:
-                reply = -(exc.errno or errno.EIO)
-            handle.close()
-            for each in fds:
-                os.close(each)
-            sock.sendall(_PID.pack(reply))
-            spare = fork_spare()
-    sock.close()
-    if spare is not None:
-        spare[1].close()  # EOF: the spare removes its cgroup and exits
-    for pid in children:
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def serve(fd: int) -> None:
+    """The server's life: hand a ready supervisor each request's descriptors, reply with its pid.
+
+    One supervisor is kept ready (forked, in its cgroup) ahead of the next
+    request, so that a call does not wait for the cgroup join; a new one is
+    forked as soon as one is handed out.
+    """
+    from . import supervisor
+
+    # Imported and loaded once here, so that no supervisor pays for it.
+    supervisor.preload()
+    server = _Server(fd)
+    server.loop()
+    server.shut_down()
     os._exit(0)
 
 

@@ -1,0 +1,127 @@
+"""What a call that ran delivers and records: its captured bytes decoded, clipped to the allowance, audited.
+
+`deliver` turns the command's `Outcome` into the text the agent reads and the
+audit record a grader reads, given the verdict (verdict.py) and the call's
+reservation. It reads no file and takes no lock; the ledger commits the record.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import hashlib
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import clipping, tokens
+from .ledger import clock, records
+
+if TYPE_CHECKING:
+    from .ledger.ledger import Reservation
+    from .process.outcome import Outcome
+
+
+class Delivery(NamedTuple):
+    """The delivered streams and the call's audit record (not yet bound to the log)."""
+
+    stdout: clipping.StreamDelivery
+    stderr: clipping.StreamDelivery
+    status: str
+    record: dict[str, Any]
+
+
+def _decode(data: bytes, cut_at_cap: bool) -> str:
+    """UTF-8 with replacement; a sequence cut by the capture cap is dropped, not replaced.
+
+    A command's own invalid bytes become U+FFFD (they are what it printed); half a
+    character that only our cap cut off would be a character it never printed.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    return decoder.decode(data, final=not cut_at_cap)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def deliver(
+    outcome: Outcome,
+    reservation: Reservation,
+    argv: list[str],
+    verdict: tuple[str, int, str],
+    rank_path: str,
+    started_wall: float,
+) -> Delivery:
+    """Clip the outcome's streams (and trial-tool's notice) to the allowance; the record of it all."""
+    status, exit_code, notice = verdict
+    limits = reservation.limits
+    stdout_cut = outcome.stdout_bytes > limits.max_capture_bytes
+    stderr_cut = outcome.stderr_bytes > limits.max_capture_bytes
+    stdout_text = _decode(outcome.stdout, stdout_cut)
+    stderr_text = _decode(outcome.stderr, stderr_cut)
+    if stdout_text or stderr_text or notice:
+        encoder = tokens.verified(rank_path).encoder()
+        out, err = clipping.deliver(encoder, stdout_text, stderr_text, reservation.allowance, limits.clip, notice)
+    else:
+        # Nothing printed: nothing to count, and the encoder is never built.
+        out = err = clipping.StreamDelivery("", 0, 0, False)
+    clipped = out.clipped or err.clipped
+    if clipped and status == "ok":
+        status = "truncated"
+    ran_to_end = outcome.ended == "exited"
+    # One field a line, in the order docs/records.md lists them: a long literal, not logic.
+    record = records.call(
+        trial_id=reservation.trial_id,
+        sequence=reservation.sequence,
+        command=argv,
+        status=status,
+        complete_delivery=ran_to_end and not (clipped or stdout_cut or stderr_cut),
+        stdout_b64=base64.b64encode(outcome.stdout).decode("ascii"),
+        stderr_b64=base64.b64encode(outcome.stderr).decode("ascii"),
+        stdout_bytes=outcome.stdout_bytes,
+        stderr_bytes=outcome.stderr_bytes,
+        stdout_sha256=outcome.stdout_sha256,
+        stderr_sha256=outcome.stderr_sha256,
+        stdout_capture_truncated=stdout_cut,
+        stderr_capture_truncated=stderr_cut,
+        delivered_stdout_bytes=len(out.text.encode("utf-8")),
+        delivered_stderr_bytes=len(err.text.encode("utf-8")),
+        delivered_stdout_sha256=_sha256(out.text),
+        delivered_stderr_sha256=_sha256(err.text),
+        observed_stdout_tokens=out.observed_tokens,
+        observed_stderr_tokens=err.observed_tokens,
+        observed_emitted_tokens=out.observed_tokens + err.observed_tokens,
+        delivered_stdout_tokens=out.tokens,
+        delivered_stderr_tokens=err.tokens,
+        delivered_emitted_tokens=out.tokens + err.tokens,
+        allowance_tokens=reservation.allowance,
+        clip=limits.clip,
+        tokenizer=tokens.ENCODING_NAME,
+        token_cost_censored=not ran_to_end or stdout_cut or stderr_cut,
+        output_truncated=clipped,
+        trial_tool_notice=notice or None,
+        elapsed_seconds=outcome.elapsed,
+        started_at_utc=clock.utc(started_wall),
+        ended_at_utc=clock.utc(time.time()),
+        deadline_seconds=reservation.run_seconds,
+        deadline_kind=reservation.deadline_kind,
+        ended=outcome.ended,
+        command_exit_code=outcome.exit_code,
+        command_signal=outcome.signal,
+        return_code=exit_code,
+        error=outcome.error,
+        stop_signal=outcome.stop_signal,
+        deadline_overshoot_seconds=outcome.deadline_overshoot,
+        exited_after_deadline_seconds=outcome.exited_after_deadline,
+        processes_killed=outcome.killed,
+        processes_surviving=list(outcome.survivors),
+        peak_rss_bytes=outcome.peak_rss,
+        peak_rss_scope=outcome.peak_rss_scope,
+        cpu_user_seconds=outcome.cpu_user,
+        cpu_system_seconds=outcome.cpu_system,
+        containment=outcome.containment,
+    )
+    return Delivery(out, err, status, record)
+
+
+__all__ = ["Delivery", "deliver"]

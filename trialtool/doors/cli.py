@@ -1,0 +1,227 @@
+"""The command line: arguments in, exit code out. No decisions are made here.
+
+    trial-tool [run] --state S --log L [limits] [options] -- CMD ARGS...
+    trial-tool init  --state S --log L [limits]
+    trial-tool status --state S --log L
+    trial-tool verify --state S --log L [--json]
+    trial-tool serve --state S --log L [limits] [--max-concurrent N]   JSON lines on stdin/stdout
+    trial-tool mcp   --state S --log L [limits] [--max-concurrent N]   an MCP stdio server
+    trial-tool shim DIR --state S --log L [limits]   write DIR/sh, DIR/bash: budgeted shells
+
+Everything after the first `--` is the command, untouched. Every TrialToolError
+becomes one line on stderr and its class's exit code, in `main` and nowhere else.
+
+The grammar is options.py's; this module runs what it reads.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..errors import TrialToolError, UsageError
+from .options import Arguments, overrides, parse, quick, split
+
+TYPE_CHECKING = False  # typing's own costs an import before the fork; mypy reads any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any, NoReturn
+
+    from ..ledger.state import TrialState
+    from ..trial import Trial
+
+#: The ledger key, when not given by --key-file. Never passed to the command.
+KEY_ENV = "TRIALTOOL_LEDGER_KEY"
+#: `verify` found a problem.
+EXIT_VERIFY_FAILED = 1
+
+
+def _key(args: Arguments) -> bytes | None:
+    """The ledger key from --key-file or the environment; at least 16 bytes."""
+    if args.key_file is not None:
+        try:
+            with open(args.key_file, "rb") as handle:
+                key = handle.read().rstrip(b"\r\n")
+        except OSError as exc:
+            msg = f"cannot read --key-file {args.key_file}: {exc.strerror or exc}"
+            raise UsageError(msg) from exc
+    else:
+        value = os.environ.get(KEY_ENV)
+        if not value:
+            return None
+        key = value.encode()
+    if len(key) < 16:
+        msg = "the ledger key must be at least 16 bytes"
+        raise UsageError(msg)
+    return key
+
+
+def _trial(args: Arguments) -> Trial:
+    """The Trial the flags name."""
+    from ..trial import Trial
+
+    return Trial(
+        args.state,
+        args.log,
+        limits=overrides(args),
+        lock_timeout=args.lock_timeout,
+        rank_file=getattr(args, "o200k_file", None),
+        key=_key(args),
+    )
+
+
+def _call(args: Arguments, tool_argv: list[str]) -> int:
+    """One tool call: fork the supervisor, reserve, run, deliver; the call's exit code."""
+    if not tool_argv:
+        msg = "no command after `--`"
+        raise UsageError(msg)
+    from ..process.launcher import Launcher
+
+    # Fork the call's supervisor now, so that it gets ready (prctl, cgroup) while
+    # this process imports the rest of trialtool and reserves the call.
+    with Launcher(os.path.dirname(os.path.abspath(args.state))) as launcher:
+        from ..process import environment
+        from ..process.interrupts import InterruptWatch
+        from ..trial import use_launcher
+
+        trial = _trial(args)
+        use_launcher(trial, launcher)
+        env = dict(environment.parse_assignment(item) for item in args.env)
+        with InterruptWatch() as interrupt:
+            result = trial.run(
+                tool_argv,
+                cwd=args.cwd,
+                env=env,
+                unset_env=tuple(args.unset_env),
+                clean_env=args.clean_env,
+                interrupt=interrupt,
+            )
+    _keep_until_exit(trial)
+    # Written as UTF-8 bytes: exactly the text that was counted, whatever the locale.
+    sys.stdout.buffer.write(result.stdout.encode("utf-8"))
+    sys.stdout.flush()
+    sys.stderr.buffer.write(result.stderr.encode("utf-8"))
+    sys.stderr.flush()
+    return result.exit_code
+
+
+def _serve(args: Arguments) -> int:
+    if args.max_concurrent < 1:
+        raise UsageError("--max-concurrent must be at least 1")
+    trial = _trial(args)
+    # The trial is made (or its limits checked) before the first request: a mismatch
+    # stops the server at once. Its clock starts then, so the MCP SDK is loaded first.
+    if args.command == "serve":
+        from . import serve
+
+        if args.max_request_bytes < 2:
+            raise UsageError("--max-request-bytes must be at least 2")
+        trial.open()
+        return serve.run(trial, max_concurrent=args.max_concurrent, max_request_bytes=args.max_request_bytes)
+    from . import mcp_server
+
+    return mcp_server.run(trial, max_concurrent=args.max_concurrent)
+
+
+def _install_shim(args: Arguments) -> int:
+    """Create (or check) the trial, then write shims that run calls of it with these flags."""
+    from . import shim
+
+    _trial(args).open()
+    # Absolute paths: the shims run from whatever directory the harness is in.
+    flags = ["--state", os.path.abspath(args.state), "--log", os.path.abspath(args.log)]
+    flags += ["--lock-timeout", repr(args.lock_timeout)]
+    for name, value in overrides(args).items():
+        shown = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+        flags += ["--" + name.replace("_", "-"), shown]
+    for flag, value in (("--key-file", args.key_file), ("--o200k-file", args.o200k_file)):
+        if value is not None:
+            flags += [flag, os.path.abspath(value)]
+    for path in shim.install(args.directory, flags):
+        print(path)
+    return 0
+
+
+def describe(state: TrialState) -> dict[str, Any]:
+    """The state as `status` and `init` print it: the document, and what is left of each budget."""
+    from .. import budget
+
+    left = budget.of(state)
+    return {
+        **state.as_json(),
+        "left": {"calls": left.calls_left, "tokens": left.tokens_left, "seconds": left.seconds_left},
+    }
+
+
+def _run(argv: list[str]) -> int:
+    command, flags, tool_argv = split(argv)
+    if command == "run" and "--" not in argv and not any(f in ("-h", "--help") for f in flags):
+        msg = "missing `--` before the command: trial-tool --state S --log L -- CMD ARGS..."
+        raise UsageError(msg)
+    args = (quick(command, flags) if command == "run" else None) or parse(command, flags)
+    if command == "run":
+        return _call(args, tool_argv)
+    if tool_argv:
+        raise UsageError(f"`trial-tool {command}` takes no command")
+    if command == "verify":
+        import json
+
+        from ..ledger.verify import render, verify
+
+        report = verify(args.state, args.log, _key(args))
+        print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
+        return 0 if report.ok else EXIT_VERIFY_FAILED
+    if command == "shim":
+        return _install_shim(args)
+    if command in ("serve", "mcp"):
+        return _serve(args)
+    import json
+
+    trial = _trial(args)
+    state = trial.init() if command == "init" else trial.status()
+    print(json.dumps(describe(state), indent=2, sort_keys=True))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (the API for embedding and tests)."""
+    try:
+        return _run(list(sys.argv[1:] if argv is None else argv))
+    except TrialToolError as exc:
+        print(f"trial-tool: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+
+
+#: Set by `exit_after`: the process ends with os._exit, so big objects (the encoder's
+#: 200k-entry rank table) are kept here rather than freed one by one at the end.
+_KEEP_UNTIL_EXIT: list[object] | None = None
+
+
+def _keep_until_exit(thing: object) -> None:
+    if _KEEP_UNTIL_EXIT is not None:
+        _KEEP_UNTIL_EXIT.append(thing)
+
+
+def exit_after(run: Callable[[], int]) -> NoReturn:
+    """Run a whole trial-tool process (`run` returns its exit code), then leave without the interpreter's teardown.
+
+    Everything durable was fsynced and the output flushed by then; what the
+    teardown would free is freed by the kernel at once (docs/performance.md).
+    """
+    global _KEEP_UNTIL_EXIT
+    _KEEP_UNTIL_EXIT = []
+    code = run()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        pass  # the reader went away; the call is recorded all the same
+    os._exit(code)
+
+
+def entry() -> NoReturn:
+    """The `trial-tool` and `python -m trialtool` process."""
+    exit_after(main)
+
+
+__all__ = ["describe", "entry", "exit_after", "main"]

@@ -1,0 +1,207 @@
+"""The command line's grammar: one table of flags, read quickly for a call and by argparse for the rest.
+
+A call (`run`) is read straight from `OPTIONS` before anything heavy is
+imported, so that the call's supervisor is forked as early as possible;
+`--help`, the other commands, and anything the quick reading does not take go
+to argparse, built from the same table, which explains what is wrong in one
+line. The table holds plain tuples, not NamedTuples, and this module imports
+neither `typing` nor `argparse` until it must: both are imports a call would
+pay for before that fork (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+from ..errors import UsageError
+from ..ledger.locking import DEFAULT_LOCK_TIMEOUT
+
+TYPE_CHECKING = False  # typing's own is an import before the fork; mypy reads any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+SUBCOMMANDS = ("run", "init", "status", "verify", "serve", "mcp", "shim")
+_CALLING = ("run", "init", "serve", "mcp", "shim")
+_SERVING = ("serve", "mcp")
+_ENCODING = ("run", "serve", "mcp", "shim")
+_LIMIT = "limits (pinned when the trial is created)"
+_CALL = "this call's command (not pinned)"
+_SERVER = "the server"
+#: Every flag: (flag, dest, kind, commands, help group, help). Kinds: text, number (float),
+#: whole (int), list (repeatable text), switch. Each field of `Limits` has a row in the
+#: limits group, its dest the field's name; its range is in limits.BOUNDS.
+OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
+    ("--state", "state", "text", SUBCOMMANDS, None, "the trial's JSON state file"),
+    ("--log", "log", "text", SUBCOMMANDS, None, "the trial's JSONL audit log"),
+    ("--lock-timeout", "lock_timeout", "number", SUBCOMMANDS, None, "seconds to wait for the ledger lock"),
+    ("--key-file", "key_file", "text", SUBCOMMANDS, None, "file holding the ledger key (else $TRIALTOOL_LEDGER_KEY)"),
+    ("--json", "json", "switch", ("verify",), None, "print the report as JSON"),
+    ("--max-calls", "max_calls", "number", _CALLING, _LIMIT, "calls the trial may make"),
+    ("--max-tokens", "max_tokens", "number", _CALLING, _LIMIT, "o200k_base tokens delivered over the trial"),
+    ("--max-call-tokens", "max_call_tokens", "number", _CALLING, _LIMIT, "o200k_base tokens one call may deliver"),
+    ("--trial-timeout", "trial_timeout", "number", _CALLING, _LIMIT, "seconds of wall clock from the trial's start"),
+    ("--call-timeout", "call_timeout", "number", _CALLING, _LIMIT, "seconds one command may run"),
+    ("--max-capture-bytes", "max_capture_bytes", "number", _CALLING, _LIMIT, "bytes kept per stream, then a stop"),
+    ("--kill-grace", "kill_grace", "number", _CALLING, _LIMIT, "seconds between SIGTERM and SIGKILL"),
+    ("--clip", "clip", "text", _CALLING, _LIMIT, "how output over the allowance is cut: headtail or head"),
+    ("--max-memory", "max_memory", "number", _CALLING, _LIMIT, "bytes of memory for the command's tree; 0: none"),
+    ("--max-cpu-seconds", "max_cpu_seconds", "number", _CALLING, _LIMIT, "CPU seconds per process; 0: none"),
+    ("--max-file-size", "max_file_size", "number", _CALLING, _LIMIT, "bytes of any file written; 0: none"),
+    ("--max-open-files", "max_open_files", "number", _CALLING, _LIMIT, "open files per process; 0: inherit"),
+    ("--max-procs", "max_procs", "number", _CALLING, _LIMIT, "processes in the command's tree at once; 0: none"),
+    ("--max-concurrent", "max_concurrent", "whole", _SERVING, _SERVER, "tool calls run at once; more wait"),
+    ("--max-request-bytes", "max_request_bytes", "whole", ("serve",), _SERVER, "longest request line"),
+    ("--cwd", "cwd", "text", ("run",), _CALL, "directory to run the command in"),
+    ("--env", "env", "list", ("run",), _CALL, "set a variable: KEY=VALUE (repeatable)"),
+    ("--unset-env", "unset_env", "list", ("run",), _CALL, "remove a variable (repeatable)"),
+    ("--clean-env", "clean_env", "switch", ("run",), _CALL, "start from PATH, HOME, LANG, TERM and a few more"),
+    ("--o200k-file", "o200k_file", "text", _ENCODING, None, "the o200k_base.tiktoken rank file to use"),
+)
+#: Defaults of the options that are not limits (a limit's default is the pinned value, or Limits').
+_DEFAULTS: dict[str, object] = {"lock_timeout": DEFAULT_LOCK_TIMEOUT, "max_concurrent": 4, "max_request_bytes": 1 << 20}
+_LIMIT_DESTS = tuple(dest for _, dest, _, _, group, _ in OPTIONS if group == _LIMIT)
+
+_DESCRIPTIONS = {
+    "run": "Run one agent tool call within a trial's budgets of calls, tokens and time.",
+    "init": "Create a trial and pin its limits.",
+    "status": "Show what a trial has spent and has left.",
+    "verify": "Check a whole trial: the log's chain, every record's totals, the state.",
+    "serve": "Serve a trial's tool calls as JSON lines on stdin and stdout (see docs/serve.md for the protocol).",
+    "mcp": "Serve a trial's tool calls as a Model Context Protocol server over stdio (needs trialtool[mcp]).",
+    "shim": "Write sh and bash shims into DIRECTORY: each `sh -c CMD` through them is one call of the trial.",
+}
+
+
+class Arguments:
+    """Parsed flags: every dest of OPTIONS for the command, as attributes."""
+
+    def __init__(self, command: str, values: dict[str, Any]) -> None:
+        self.command = command
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str) -> Any:
+        msg = f"no option {name!r} for `{self.command}`"
+        raise AttributeError(msg)
+
+
+def _empty(command: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for _, dest, kind, commands, _, _ in OPTIONS:
+        if command in commands:
+            values[dest] = [] if kind == "list" else False if kind == "switch" else _DEFAULTS.get(dest)
+    return values
+
+
+def quick(command: str, flags: list[str]) -> Arguments | None:
+    """The flags read straight from OPTIONS, or None for argparse to read (and explain) them.
+
+    Only exact, well-formed flags are taken; --help, an abbreviation, a bad
+    number or a missing value go to argparse, which says what is wrong.
+    """
+    rows = {flag: (dest, kind) for flag, dest, kind, commands, _, _ in OPTIONS if command in commands}
+    values = _empty(command)
+    index = 0
+    while index < len(flags):
+        flag, equals, value = flags[index].partition("=")
+        index += 1
+        row = rows.get(flag)
+        if row is None:
+            return None
+        dest, kind = row
+        if kind == "switch":
+            if equals:
+                return None
+            values[dest] = True
+            continue
+        if not equals:
+            if index >= len(flags):
+                return None
+            value = flags[index]
+            index += 1
+        try:
+            parsed: Any = float(value) if kind == "number" else int(value) if kind == "whole" else value
+        except ValueError:
+            return None
+        if kind == "list":
+            values[dest].append(parsed)
+        else:
+            values[dest] = parsed
+    if values["state"] is None or values["log"] is None:
+        return None
+    return Arguments(command, values)
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        import argparse
+
+        msg = f"not a number: {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def parse(command: str, flags: list[str]) -> Arguments:
+    """The flags read by argparse from OPTIONS: --help, and one-line errors (UsageError)."""
+    import argparse
+
+    from ..limits import Limits
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            # argparse would exit 2 with a usage block; we promise one line and exit 125.
+            raise UsageError(message)
+
+    parser = _Parser(
+        prog=f"trial-tool {command}" if command != "run" else "trial-tool",
+        description=_DESCRIPTIONS[command],
+        epilog=(
+            "other commands: init, status, verify, serve (JSON lines), mcp (MCP server), shim (sh/bash shims); "
+            "`trial-tool COMMAND --help`"
+        )
+        if command == "run"
+        else None,
+    )
+    if command == "shim":
+        parser.add_argument("directory", help="where to write the sh and bash shims")
+    groups: dict[str | None, Any] = {None: parser}
+    defaults = Limits()
+    for flag, dest, kind, commands, group, text in OPTIONS:
+        if command not in commands:
+            continue
+        if group not in groups:
+            groups[group] = parser.add_argument_group(group)
+        options: dict[str, Any] = {"dest": dest, "help": text}
+        if kind == "switch":
+            options["action"] = "store_true"
+        elif kind == "list":
+            options.update(action="append", default=[], metavar="VALUE")
+        else:
+            # A limit left out is None: the pinned value (or Limits' default) holds.
+            shown = getattr(defaults, dest) if group == _LIMIT else _DEFAULTS.get(dest)
+            options.update(
+                type=int if kind == "whole" else _number if kind == "number" else str,
+                default=None if group == _LIMIT else _DEFAULTS.get(dest),
+                required=dest in ("state", "log"),
+                metavar="N" if kind in ("whole", "number") else None,
+                help=text if shown is None else f"{text} (default {shown})",
+            )
+        groups[group].add_argument(flag, **options)
+    return Arguments(command, vars(parser.parse_args(flags)))
+
+
+def split(argv: list[str]) -> tuple[str, list[str], list[str]]:
+    """(subcommand, its flags, the command after `--`)."""
+    command = "run"
+    if argv and argv[0] in SUBCOMMANDS:
+        command, argv = argv[0], argv[1:]
+    if "--" in argv:
+        cut = argv.index("--")
+        return command, argv[:cut], argv[cut + 1 :]
+    return command, argv, []
+
+
+def overrides(args: Arguments) -> dict[str, Any]:
+    """The limits given on the command line (absent ones are not overrides)."""
+    return {name: getattr(args, name) for name in _LIMIT_DESTS if getattr(args, name, None) is not None}
+
+
+__all__ = ["OPTIONS", "SUBCOMMANDS", "Arguments", "overrides", "parse", "quick", "split"]

@@ -1,0 +1,299 @@
+"""The ledger: reserve a call before it runs, commit it after, recover what crashed.
+
+The lock is held only to reserve and to commit, never while a command runs:
+
+    reserve  [lock] open (check the log, mend a crash); recover calls whose
+             trial-tool died; refuse if a budget is spent (logging it); wait
+             (unlocked) while every unspent token is held by calls in flight;
+             charge the call, reserve its allowance, note it in flight; write
+    commit   [lock] open; drop it from in flight; add its delivered tokens;
+             append its record; write
+
+A call is charged from its reservation, so a trial-tool killed at any point
+refunds nothing. How the files stay in step across crashes, and what is
+durable when, is store.py's. A call that was running at a power loss and
+never delivered may come back uncharged if its reservation had not reached
+the disk; its record, if written, charges it (mending.roll_forward).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from ..errors import BudgetExhausted, StateError, TrialExists
+from ..limits import FLAG_OF, Limits, from_overrides
+from . import audit, clock, fsio, liveness, records
+from .locking import DEFAULT_LOCK_TIMEOUT, LedgerLock
+from .state import InFlight, TrialState
+from .store import Store
+
+#: Stops what an abandoned call left running, given its supervisor's pid and liveness
+#: token; returns how many processes it killed. The process room provides it.
+StopLeftovers = Callable[[int, "str | None"], int]
+
+
+class Reservation(NamedTuple):
+    """A charged call, ready to run."""
+
+    trial_id: str
+    sequence: int
+    #: Tokens this call may deliver.
+    allowance: int
+    #: Seconds the command may run, and which limit set it ("call" or "trial").
+    run_seconds: float
+    deadline_kind: str
+    limits: Limits
+    #: Trial seconds elapsed when the call was reserved.
+    trial_elapsed: float
+    started_at: float
+
+
+class Ledger:
+    """One trial's state file and audit log, and the operations on its budgets.
+
+    `owner` is who reserves calls: (pid, liveness token), this process by
+    default. A call in flight whose owner is no longer alive was abandoned;
+    `stop_leftovers` then stops what its command left running.
+    """
+
+    def __init__(
+        self,
+        state_path: str | os.PathLike[str],
+        log_path: str | os.PathLike[str],
+        *,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        key: bytes | None = None,
+        owner: tuple[int, str | None] | None = None,
+        stop_leftovers: StopLeftovers | None = None,
+    ) -> None:
+        # Plain strings: pathlib is not imported on a call's path (docs/performance.md).
+        self.state_path = os.fspath(state_path)
+        self.log_path = os.fspath(log_path)
+        self.directory = os.path.dirname(self.state_path) or "."
+        self.lock_timeout = lock_timeout
+        self.chain = audit.Chain(key)
+        self.store = Store(self.state_path, self.log_path, self.chain)
+        self._owner = owner
+        self._stop_leftovers = stop_leftovers
+        #: Calls this process reserved and gave up on (a failed commit): recover them
+        #: as abandoned although their owner, this process, lives on.
+        self._abandoned: set[int] = set()
+
+    def abandon(self, sequence: int) -> None:
+        """Give up on a reserved call; the next reservation records it as abandoned."""
+        self._abandoned.add(sequence)
+
+    @property
+    def owner(self) -> tuple[int, str | None]:
+        if self._owner is None:
+            self._owner = (os.getpid(), liveness.token(os.getpid()))
+        return self._owner
+
+    def _lock(self, cancelled: Callable[[], None] | None = None) -> LedgerLock:
+        return LedgerLock(self.state_path + ".lock", self.lock_timeout, cancelled)
+
+    def ensure_directory(self) -> None:
+        """Create the state's directory (and parents) if missing; StorageError if it cannot be."""
+        fsio.ensure_directory(self.directory)
+
+    def load(self) -> TrialState | None:
+        """The validated state as it is on disk (unlocked, unmended), or None when there is no trial."""
+        return self.store.load()
+
+    # -- the operations ------------------------------------------------------
+
+    def init(self, overrides: dict[str, Any]) -> TrialState:
+        """Create the trial with its limits pinned; TrialExists if it already exists."""
+        limits = from_overrides(overrides)
+        self.ensure_directory()
+        with self._lock():
+            if self.store.load() is not None:
+                msg = f"a trial already exists at {self.state_path}"
+                raise TrialExists(msg)
+            state = self.store.new_state(limits)
+            self.store.write(state, sync_directory=True)
+        return state
+
+    def open(self, overrides: dict[str, Any]) -> TrialState:
+        """The trial's state, creating the trial if it does not exist; LimitMismatch if its limits differ."""
+        self.ensure_directory()
+        with self._lock():
+            new = not os.path.lexists(self.state_path)
+            state = self.store.open(overrides, create=True)
+            if new:
+                self.store.write(state, sync_directory=True)
+        state.elapsed_seconds = state.elapsed()
+        return state
+
+    def status(self) -> TrialState:
+        """The state as a reader sees it now, with the trial time brought up to date."""
+        with self._lock():
+            state = self.store.open({}, create=False)
+        state.elapsed_seconds = state.elapsed()
+        return state
+
+    def reserve(
+        self,
+        overrides: dict[str, Any],
+        command: list[str],
+        preflight: Callable[[TrialState], None] | None = None,
+        supervisor: int | None = None,
+        cancelled: Callable[[], None] | None = None,
+    ) -> Reservation:
+        """Charge a call and reserve its allowance, or log a refusal and raise BudgetExhausted.
+
+        `preflight(state)` runs under the lock before anything is written; it may
+        note facts in the state or raise to stop the call with nothing charged.
+        `supervisor` is the pid of the call's supervisor, so that a recovery can
+        stop what it left running. `cancelled()` is called while waiting (for the
+        lock, for tokens) and just before charging; it raises to give up uncharged.
+        """
+        self.ensure_directory()
+        wait_until: float | None = None
+        pause = 0.005
+        while True:
+            with self._lock(cancelled):
+                state = self.store.open(overrides, create=True)
+                if preflight is not None:
+                    preflight(state)
+                self._recover(state)
+                limits = state.limits
+                state.elapsed_seconds = elapsed = state.elapsed()
+                unreserved = limits.max_tokens - state.emitted_tokens - state.allowances_held()
+                refusal = _refusal(state, elapsed)
+                if refusal is None and unreserved <= 0:
+                    # Every unspent token is held by calls in flight: wait for them to
+                    # hand back what they do not deliver, within this call's own deadline.
+                    now = time.monotonic()
+                    if wait_until is None:
+                        wait_until = now + min(limits.call_timeout, limits.trial_timeout - elapsed)
+                    if now >= wait_until:
+                        refusal = (
+                            "maximum_emitted_tokens",
+                            f"every unspent token stayed held by calls in flight ({FLAG_OF['max_tokens']})",
+                        )
+                if refusal is not None:
+                    self._refuse(state, command, refusal)
+                if cancelled is not None:
+                    cancelled()
+                if unreserved > 0:
+                    return self._charge(state, command, min(limits.max_call_tokens, unreserved), supervisor)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+    def _refuse(self, state: TrialState, command: list[str], refusal: tuple[str, str]) -> None:
+        status, reason = refusal
+        state.refused_calls += 1
+        record = records.refusal(
+            trial_id=state.trial_id,
+            sequence=state.calls + 1,
+            command=command,
+            status=status,
+            reason=reason,
+            at_utc=clock.utc(time.time()),
+            wall_elapsed=state.elapsed_seconds,
+        )
+        self.store.append(state, record)
+        self.store.write(state)
+        raise BudgetExhausted(f"call refused: {reason}", status)
+
+    def _charge(self, state: TrialState, command: list[str], allowance: int, supervisor: int | None) -> Reservation:
+        limits = state.limits
+        trial_left = limits.trial_timeout - state.elapsed_seconds
+        if limits.call_timeout <= trial_left:
+            run_seconds, deadline_kind = limits.call_timeout, "call"
+        else:
+            run_seconds, deadline_kind = trial_left, "trial"
+        now = time.time()
+        sequence = state.calls + 1
+        pid, token = self.owner
+        state.calls = sequence
+        state.in_flight[sequence] = InFlight(
+            pid=pid,
+            pid_token=token,
+            supervisor=supervisor,
+            supervisor_token=liveness.token(supervisor) if supervisor else None,
+            allowance=allowance,
+            command=command,
+            started_at_utc=clock.utc(now),
+        )
+        try:
+            self.store.write(state)
+        except BaseException:
+            # The new state may or may not be in place (an interrupt can land just after
+            # the rename): if it is, this call must be recovered, not left in flight.
+            self._abandoned.add(sequence)
+            raise
+        return Reservation(
+            trial_id=state.trial_id,
+            sequence=sequence,
+            allowance=allowance,
+            run_seconds=run_seconds,
+            deadline_kind=deadline_kind,
+            limits=limits,
+            trial_elapsed=state.elapsed_seconds,
+            started_at=now,
+        )
+
+    def commit(self, reservation: Reservation, record: dict[str, Any]) -> TrialState:
+        """Log the call's record and charge its delivered tokens; return the new state."""
+        delivered = int(record["delivered_emitted_tokens"])
+        if delivered > reservation.allowance:
+            msg = f"refusing to record {delivered} delivered tokens against an allowance of {reservation.allowance}"
+            raise StateError(msg)
+        with self._lock():
+            state = self.store.open({}, create=False)
+            if state.trial_id != reservation.trial_id:
+                msg = f"state {self.state_path} was replaced by another trial during the call"
+                raise StateError(msg)
+            if state.in_flight.pop(reservation.sequence, None) is None:
+                msg = f"call {reservation.sequence} is no longer in flight (recovered as abandoned?)"
+                raise StateError(msg)
+            state.elapsed_seconds = state.elapsed()
+            record["wall_elapsed_seconds"] = state.elapsed_seconds
+            state.emitted_tokens += delivered
+            self.store.append(state, record)
+            self.store.write(state)
+        return state
+
+    def _recover(self, state: TrialState) -> None:
+        """Close calls whose trial-tool died: charged, nothing delivered, allowance released."""
+        for sequence in sorted(state.in_flight):
+            entry = state.in_flight[sequence]
+            if sequence not in self._abandoned and liveness.alive(entry.pid, entry.pid_token):
+                continue  # its owner is alive and still running it
+            self._abandoned.discard(sequence)
+            killed = 0
+            if self._stop_leftovers is not None and isinstance(entry.supervisor, int):
+                killed = self._stop_leftovers(entry.supervisor, entry.supervisor_token)
+            record = records.abandoned(
+                trial_id=state.trial_id,
+                sequence=sequence,
+                command=list(entry.command),
+                started_at_utc=str(entry.started_at_utc),
+                at_utc=clock.utc(time.time()),
+                wall_elapsed=state.elapsed(),
+                owner_pid=entry.pid,
+            )
+            record["processes_killed"] = killed
+            del state.in_flight[sequence]
+            self.store.append(state, record)
+            self.store.write(state)
+
+
+def _refusal(state: TrialState, elapsed: float) -> tuple[str, str] | None:
+    """The refusal status and reason when a budget is spent, else None."""
+    limits = state.limits
+    if state.calls >= limits.max_calls:
+        return "maximum_tool_calls", f"all {limits.max_calls} calls are spent ({FLAG_OF['max_calls']})"
+    if state.emitted_tokens >= limits.max_tokens:
+        return "maximum_emitted_tokens", f"all {limits.max_tokens} delivered tokens are spent ({FLAG_OF['max_tokens']})"
+    if elapsed >= limits.trial_timeout:
+        return "task_timeout_seconds", f"the trial's {limits.trial_timeout:g} s are spent ({FLAG_OF['trial_timeout']})"
+    return None
+
+
+__all__ = ["DEFAULT_LOCK_TIMEOUT", "Ledger", "Reservation", "StopLeftovers"]

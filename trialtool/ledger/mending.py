@@ -1,0 +1,66 @@
+"""Mending after a crash: what the ledger does when the files are not as a clean stop leaves them.
+
+Pure decisions and small self-contained chores; the store does the writing,
+under the ledger's lock. See store.py for the shapes a crash can leave.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING
+
+from ..errors import StateError
+from . import audit, liveness, records
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .state import TrialState
+
+
+def roll_forward(state: TrialState, line: bytes, chain: audit.Chain, log_path: str) -> dict[str, Any]:
+    """Apply to `state` the one record appended before a crash kept the state from being replaced."""
+    head = state.log
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or record.get("prev_hash") != head.head:
+        msg = f"log {log_path}: a record beyond the state is not chained to it; run `trial-tool verify`"
+        raise StateError(msg)
+    after = records.apply(state.totals(), record)
+    sequence = record.get("sequence")
+    if after is not None and record.get("charged") is True and isinstance(sequence, int):
+        # The call's reservation may have been lost too (a power loss before the file
+        # system wrote the replaced state): its record charges it.
+        state.calls = max(state.calls, sequence)
+        state.in_flight.pop(sequence, None)
+    if after is not None:
+        state.emitted_tokens, state.refused_calls = after.emitted_tokens, after.refused_calls
+    if after is None or state.totals() != after or record.get("ledger_after") != after.as_json():
+        msg = f"log {log_path}: the record beyond the state does not follow from it; run `trial-tool verify`"
+        raise StateError(msg)
+    state.log = audit.LogHead(head.records + 1, head.bytes + len(line) + 1, chain.digest(line), head.bytes)
+    return record
+
+
+def sweep_temporaries(state_path: str) -> None:
+    """Remove temp files of state writes cut short by a crash (their writer is dead)."""
+    directory, name = os.path.split(state_path)
+    directory = directory or "."
+    prefix = f".{name}."
+    try:
+        names = [entry for entry in os.listdir(directory) if entry.startswith(prefix)]
+    except OSError:
+        return
+    for entry in names:
+        parts = entry[len(prefix) :].split(".")
+        if len(parts) == 3 and parts[2] == "tmp" and parts[0].isdigit() and liveness.token(int(parts[0])) is None:
+            try:
+                os.unlink(os.path.join(directory, entry))
+            except OSError:
+                pass  # gone already, or not ours to remove
+
+
+__all__ = ["roll_forward", "sweep_temporaries"]

@@ -1,0 +1,127 @@
+"""The state file and the audit log as one consistent pair: read checked, mended after a crash, written in step.
+
+The ledger (ledger.py) holds the lock around every use of a `Store`. Each
+locked step appends at most one record and then replaces the state, so a crash
+leaves the log at most one record ahead of the state, or with a torn last line:
+`open` rolls that record forward, or cuts the torn line off and logs the
+repair. Anything else that disagrees fails closed.
+
+Durability: every record is fsynced before its state is replaced, and every
+state's bytes are fsynced before the rename; the directory is fsynced only when
+the trial is created or mended, not on each call. After a power loss, then, the
+log holds every call whose output was delivered, and the state is its last
+version or the one before; the next `open` rolls the log's last record forward.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ..errors import StateError
+from ..limits import Limits, check_pinned, from_overrides
+from . import audit, clock, fsio, mending, records
+from .state import TrialState, check_against_log, decode, encode
+
+
+class Store:
+    """One trial's state file and log, as this process last saw them."""
+
+    def __init__(self, state_path: str, log_path: str, chain: audit.Chain) -> None:
+        self.state_path = state_path
+        self.log_path = log_path
+        self.chain = chain
+        #: (log stamp, head, last record's summary) as this process last wrote or checked the log.
+        self._trusted: tuple[list[int], audit.LogHead, dict[str, Any] | None] | None = None
+
+    def load(self) -> TrialState | None:
+        """The validated state, or None when the trial does not exist yet."""
+        raw = fsio.read_bytes(self.state_path)
+        return None if raw is None else decode(raw, self.state_path, self.chain)
+
+    def write(self, state: TrialState, *, sync_directory: bool = False) -> None:
+        # The directory is not fsynced after a call's writes (see "Durability" in the
+        # module docstring): the log is, and a state one step behind it is mended.
+        fsio.atomic_write(self.state_path, encode(state, self.chain), sync_directory=sync_directory)
+
+    def append(self, state: TrialState, record: dict[str, Any]) -> None:
+        """Append `record`, bound to this trial and stating the totals of `state` (already updated for it)."""
+        record["trial_id"] = state.trial_id
+        record["ledger_after"] = state.totals().as_json()
+        state.log = audit.append(self.log_path, record, state.log, self.chain)
+        self._trust(state.log, record)
+
+    def _trust(self, head: audit.LogHead, last: dict[str, Any] | None) -> None:
+        """Remember the log as this process last wrote or checked it, stamp and all."""
+        stamp = fsio.stamp(self.log_path)
+        summary = None if last is None else {"trial_id": last.get("trial_id"), "ledger_after": last.get("ledger_after")}
+        self._trusted = None if stamp is None else (stamp, head, summary)
+
+    def _read_tail(self, head: audit.LogHead) -> audit.Tail:
+        """The log's tail, checked; the whole chain is walked unless the log is exactly as this process left it.
+
+        "Exactly": same device, inode, size, mtime and ctime (which no unprivileged
+        process can set back), against the same head. A long-lived process (the
+        API, `serve`) then skips re-reading a log it wrote itself; a CLI call, or a
+        log touched by anyone else in between, gets the full walk.
+        """
+        trusted = self._trusted
+        if trusted is not None and trusted[1] == head and trusted[0] == fsio.stamp(self.log_path):
+            return audit.Tail(trusted[2], b"")
+        tail = audit.read_tail(self.log_path, head, self.chain)
+        if not tail.extra:
+            self._trust(head, tail.last)
+        return tail
+
+    def new_state(self, limits: Limits) -> TrialState:
+        """A new trial's state, refused over a log that already has records."""
+        if os.path.exists(self.log_path) and os.path.getsize(self.log_path) > 0:
+            msg = (
+                f"log {self.log_path} already has records but there is no state {self.state_path}: "
+                "refusing to start a trial over another trial's log"
+            )
+            raise StateError(msg)
+        fsio.ensure_directory(os.path.dirname(self.log_path) or ".")
+        return TrialState.new(limits, self.chain)
+
+    def open(self, overrides: dict[str, Any], *, create: bool) -> TrialState:
+        """The state, checked against its log (and mended after a crash). Under the lock."""
+        mending.sweep_temporaries(self.state_path)
+        state = self.load()
+        if state is None:
+            if not create:
+                msg = f"no trial at {self.state_path}: create it with `trial-tool init` or a first call"
+                raise StateError(msg)
+            return self.new_state(from_overrides(overrides))
+        check_pinned(state.limits, overrides)
+        tail = self._read_tail(state.log)
+        last = tail.last
+        if tail.extra:
+            last = self._mend(state, tail.extra) or last
+        check_against_log(state, last, self.state_path)
+        return state
+
+    def _mend(self, state: TrialState, extra: bytes) -> dict[str, Any] | None:
+        """Bring state and log back into step after a crash; return the new last record, if any."""
+        complete, _, torn = extra.rpartition(b"\n")
+        if not complete and torn:
+            # A torn append: the writer died mid-line. Cut it off and say so in the log.
+            fsio.truncate(self.log_path, state.log.bytes)
+            record = records.repair(state.trial_id, torn, clock.utc(time.time()))
+            self.append(state, record)
+            self.write(state, sync_directory=True)
+            return record
+        lines = complete.split(b"\n") if complete else []
+        if len(lines) == 1 and not torn:
+            record = mending.roll_forward(state, lines[0], self.chain, self.log_path)
+            self.write(state, sync_directory=True)
+            return record
+        msg = (
+            f"log {self.log_path} has {len(lines)} records and {len(torn)} stray bytes the state does not know of: "
+            "more than one crash can leave; run `trial-tool verify`"
+        )
+        raise StateError(msg)
+
+
+__all__ = ["Store"]

@@ -1,0 +1,279 @@
+"""Run one command to its end inside the supervisor: spawn, watch, stop at a limit, reap the whole tree.
+
+The watch is one `select` on the command's two output pipes, a pidfd for its
+exit, the deadline, trial-tool's stop requests (the control pipe) and the
+supervisor's own signals; there is no polling interval, except for the
+fallback process cap where no pids cgroup could be made. When the command
+ends, for whatever reason, every descendant is killed and reaped before the
+result is returned (reaper.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import selectors
+import signal
+import time
+from typing import Any, NamedTuple
+
+from ..limits import Limits
+from . import reaper
+from .capture import Spool
+from .cgroups import CallGroup
+from .spawn import Child, spawn
+
+#: exec errors that mean "found, but cannot be run" (exit 126).
+_NOT_EXECUTABLE = frozenset(
+    {errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG}
+)
+
+#: How often the fallback process cap counts the tree, where no pids cgroup can be made.
+_SWEEP_INTERVAL = 0.05
+
+
+class Spec(NamedTuple):
+    """Everything the supervisor needs to run one command."""
+
+    argv: list[str]
+    cwd: str | None
+    env: dict[str, str] | None
+    #: time.monotonic() value at which the command is stopped (the clock is system wide).
+    deadline: float
+    #: The trial's pinned limits: the capture cap, the kill grace and the resource limits.
+    limits: Limits
+
+
+class Signals:
+    """Signals to the supervisor, turned into flags and a readable descriptor."""
+
+    def __init__(self, parent_pid: int) -> None:
+        self.parent_pid = parent_pid
+        self.orphaned = False
+        self.stop = False
+        self.read_fd, write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._on_term)
+        # Ctrl-C reaches trial-tool's whole process group, us included; trial-tool
+        # decides, and tells us through the control pipe.
+        signal.signal(signal.SIGINT, lambda *_: None)
+        signal.signal(signal.SIGHUP, lambda *_: None)
+
+    def _on_term(self, *_: Any) -> None:
+        # SIGTERM is our parent-death signal; from a live parent it is a stop request.
+        if os.getppid() != self.parent_pid:
+            self.orphaned = True
+        else:
+            self.stop = True
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.read_fd, 64):
+                pass
+        except BlockingIOError:
+            pass
+
+
+def _limits_for_exec(limits: Limits, group: CallGroup) -> list[tuple[int, tuple[int, int]]]:
+    """The command's resource limits; no core dumps is set on the supervisor itself, and inherited."""
+    rlimits = []
+    if limits.max_cpu_seconds:
+        # The soft limit sends SIGXCPU; one second later the hard limit sends SIGKILL.
+        soft = max(1, int(limits.max_cpu_seconds + 0.999))
+        rlimits.append((resource.RLIMIT_CPU, (soft, soft + 1)))
+    if limits.max_file_size:
+        rlimits.append((resource.RLIMIT_FSIZE, (limits.max_file_size, limits.max_file_size)))
+    if limits.max_open_files:
+        rlimits.append((resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files)))
+    if limits.max_memory and group.memory is None:
+        # No memory cgroup: a per-process address-space cap is the fallback.
+        rlimits.append((resource.RLIMIT_AS, (limits.max_memory, limits.max_memory)))
+    return rlimits
+
+
+def supervise(
+    spec: Spec,
+    spools: tuple[Spool, Spool],
+    control_fd: int,
+    signals: Signals,
+    subreaper: bool,
+    group: CallGroup,
+) -> dict[str, Any]:
+    """Run the command of `spec` to its end; the result the supervisor reports."""
+    limits = spec.limits
+    group.configure(limits.max_procs, limits.max_memory)
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        rlimits = _limits_for_exec(limits, group)
+
+        def before_exec() -> None:
+            group.join()
+            for which, value in rlimits:
+                resource.setrlimit(which, value)
+
+        base: dict[str, Any] = {
+            "containment": {**group.describe(limits.max_procs, limits.max_memory), "subreaper": subreaper}
+        }
+        started = time.monotonic()
+        try:
+            # Nothing to do between fork and exec (the usual case): the faster posix_spawn.
+            plain = not rlimits and not group.child_must_join()
+            child = spawn(spec.argv, cwd=spec.cwd, env=spec.env, before_exec=None if plain else before_exec)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return {**base, "ended": "not_found", "error": exc.strerror}
+            if exc.errno in _NOT_EXECUTABLE:
+                return {**base, "ended": "not_executable", "error": exc.strerror}
+            raise
+        watch = _Watch(spec, child, spools, control_fd, signals, group, started)
+        return {**base, **watch.run(subreaper)}
+    finally:
+        group.remove()
+
+
+class _Watch:
+    """One command from its spawn to its end: the select loop, the stops, the sweep, the report."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        child: Child,
+        spools: tuple[Spool, Spool],
+        control_fd: int,
+        signals: Signals,
+        group: CallGroup,
+        started: float,
+    ) -> None:
+        self.spec, self.child, self.spools, self.group = spec, child, spools, group
+        self.control_fd, self.signals, self.started = control_fd, signals, started
+        self.pipes = {child.stdout: spools[0], child.stderr: spools[1]}
+        self.watch_fd = os.pidfd_open(child.pid) if hasattr(os, "pidfd_open") else -1
+        self.selector = selectors.DefaultSelector()
+        for fd in self.pipes:
+            os.set_blocking(fd, False)
+            self.selector.register(fd, selectors.EVENT_READ)
+        for fd in (self.watch_fd, control_fd, signals.read_fd):
+            if fd >= 0:
+                self.selector.register(fd, selectors.EVENT_READ)
+        #: The fallback process cap (no pids cgroup), counted every _SWEEP_INTERVAL.
+        self.sweep_cap = spec.limits.max_procs if group.pids is None else 0
+        self.next_sweep = started + _SWEEP_INTERVAL
+        self.ended: str | None = None
+        self.stop_signal: int | None = None
+        self.kill_at: float | None = None
+        self.exited_at: float | None = None
+        self.overshoot: float | None = None
+
+    def stop(self, reason: str, grace: float) -> None:
+        """Stop the tree (SIGTERM now, SIGKILL after `grace`); the first reason is the one reported."""
+        if self.ended is None:
+            self.ended = reason
+            if reason == "deadline":
+                self.overshoot = time.monotonic() - self.spec.deadline
+        if self.kill_at is None:
+            reaper.signal_tree(self.child.pid, signal.SIGTERM)
+            self.stop_signal = signal.SIGTERM
+            self.kill_at = time.monotonic() + grace
+
+    def kill(self) -> None:
+        self.group.kill()
+        reaper.signal_tree(self.child.pid, signal.SIGKILL)
+
+    def run(self, subreaper: bool) -> dict[str, Any]:
+        try:
+            while self.exited_at is None:
+                self._step()
+            returncode = self.child.wait()
+            killed, survivors = self._sweep(subreaper)
+            # The command is gone: take what was already written to its pipes.
+            for fd, spool in self.pipes.items():
+                if fd in self.selector.get_map():
+                    spool.drain(fd, self.selector)
+        finally:
+            self.selector.close()
+            if self.watch_fd >= 0:
+                os.close(self.watch_fd)
+            os.close(self.child.stdout)
+            os.close(self.child.stderr)
+        return self._report(returncode, killed, survivors)
+
+    def _step(self) -> None:
+        """Act on the deadline, a stop or the sweep, then wait for the next event."""
+        now = time.monotonic()
+        limits = self.spec.limits
+        if self.signals.orphaned:
+            self.kill()
+            reaper.kill_all()
+            os._exit(1)  # trial-tool is gone: there is no one to report to
+        if self.signals.stop:
+            self.stop("interrupted", limits.kill_grace)
+        if now >= self.spec.deadline:
+            self.stop("deadline", limits.kill_grace)
+        if self.sweep_cap and now >= self.next_sweep:
+            self.next_sweep = now + _SWEEP_INTERVAL
+            if len(reaper.living_descendants()) > self.sweep_cap:
+                self.stop("process_limit", 0.0)
+        if self.kill_at is not None and now >= self.kill_at:
+            self.kill()
+            self.stop_signal = signal.SIGKILL
+            self.kill_at = float("inf")
+        if self.watch_fd < 0 and self.child.poll() is not None:
+            self.exited_at = now  # no pidfd (not Linux): the short wake-ups below notice the exit
+            return
+        wakes = [self.spec.deadline if self.kill_at is None else self.kill_at]
+        if self.sweep_cap:
+            wakes.append(self.next_sweep)
+        if self.watch_fd < 0:
+            wakes.append(now + 0.01)
+        wake = min(wakes)
+        for key, _ in self.selector.select(None if wake == float("inf") else max(0.0, wake - now)):
+            fd = int(key.fd)
+            if fd == self.watch_fd:
+                self.exited_at = time.monotonic()
+            elif fd == self.control_fd:
+                if not os.read(fd, 64):
+                    self.selector.unregister(fd)  # trial-tool closed it: it is going away
+                self.stop("interrupted", limits.kill_grace)
+            elif fd == self.signals.read_fd:
+                self.signals.drain()
+            elif not self.pipes[fd].read_once(fd, self.selector):
+                self.stop("output_limit", limits.kill_grace)
+
+    def _sweep(self, subreaper: bool) -> tuple[int, list[int]]:
+        """End what the command left running; (how many were killed, any that could not be)."""
+        if subreaper and reaper.no_children():
+            # Every orphan of the tree is re-parented to us: with no child left at all,
+            # nothing of the tree is (the usual case, and three /proc walks saved).
+            return 0, []
+        known = reaper.living_descendants()
+        self.kill()
+        return reaper.kill_all(known)
+
+    def _report(self, returncode: int, killed: int, survivors: list[int]) -> dict[str, Any]:
+        assert self.exited_at is not None
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        peak = self.group.memory_peak()
+        return {
+            "ended": self.ended or "exited",
+            "returncode": returncode,
+            "elapsed": self.exited_at - self.started,
+            "stop_signal": self.stop_signal,
+            "deadline_overshoot": self.overshoot,
+            "exited_after_deadline": self.exited_at - self.spec.deadline if self.ended == "deadline" else None,
+            "killed": killed,
+            "survivors": survivors,
+            "oom_kills": self.group.oom_kills(),
+            "process_cap_hit": self.group.process_cap_hit() or self.ended == "process_limit",
+            "cpu_user": usage.ru_utime,
+            "cpu_system": usage.ru_stime,
+            # ru_maxrss is in KiB on Linux: the largest single process. A memory cgroup gives the tree's peak.
+            "peak_rss": peak if peak is not None else usage.ru_maxrss * 1024,
+            "peak_rss_scope": "tree" if peak is not None else "largest_process",
+            "streams": [[spool.total, spool.sha256()] for spool in self.spools],
+        }
+
+
+__all__ = ["Signals", "Spec", "supervise"]
