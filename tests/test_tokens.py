@@ -14,10 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import TrialFiles
 from trialtool import tokens
 from trialtool.errors import EncoderError
-
-from .conftest import TrialFiles
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,8 @@
-"""OpenAI-style function calling, the example agent loop, and the drop-in shell shim."""
+"""OpenAI-style function calling and the example agent loop."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +13,9 @@ import pytest
 
 from tests.conftest import TrialFiles
 from trialtool import Trial, handle_tool_call, openai_tool
-from trialtool.doors.shim import runs_something
 from trialtool.ledger.verify import verify
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def call(command: Any, call_id: str = "call_1", name: str = "shell") -> dict[str, Any]:
@@ -78,56 +76,3 @@ def test_example_agent_loop_runs_out_of_calls(tmp_path: Path) -> None:
     files = TrialFiles(tmp_path)
     assert [row["status"] for row in files.records()] == ["ok", "ok", "ok", "maximum_tool_calls"]
     assert verify(files.state, files.log).ok
-
-
-@pytest.mark.parametrize(
-    ("args", "runs"),
-    [
-        (["-c", "echo"], True),
-        (["-lc", "echo"], True),
-        (["-e", "-c", "echo"], True),
-        (["--login", "-c", "echo"], True),
-        (["script.sh", "arg"], True),
-        (["-x", "script.sh"], True),
-        ([], False),
-        (["-s"], False),
-        (["-i"], False),
-        (["--login"], False),
-        (["-o", "pipefail"], False),
-        (["-o", "pipefail", "-c", "echo"], True),
-        (["-O", "extglob", "script.sh"], True),
-    ],
-)
-def test_what_the_shim_counts_as_a_call(args: list[str], runs: bool) -> None:
-    assert runs_something(args) is runs
-
-
-@pytest.fixture
-def shimmed(trial: TrialFiles, tmp_path: Path) -> dict[str, str]:
-    """An environment whose PATH starts with shims of `trial` (3 calls)."""
-    shims = tmp_path / "shims"
-    made = trial.cli("shim", str(shims), "--state", str(trial.state), "--log", str(trial.log), "--max-calls", "3")
-    assert made.returncode == 0, made.stderr
-    assert (shims / "sh").exists()
-    return {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}"}
-
-
-def test_shell_shim_budgets_each_invocation(trial: TrialFiles, shimmed: dict[str, str], tmp_path: Path) -> None:
-    def sh(*args: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(["sh", *args], env=shimmed, capture_output=True, timeout=60, cwd=tmp_path)
-
-    first = sh("-c", 'echo "$PWD"; sh -c "echo nested"; exit 5')
-    assert first.returncode == 5
-    assert first.stdout == f"{tmp_path}\nnested\n".encode()  # the nested sh is the real one, not a call
-    script = tmp_path / "script.sh"
-    script.write_text('echo "script $1"\n')
-    assert sh(str(script), "arg").stdout == b"script arg\n"
-    interactive = subprocess.run(["sh"], env=shimmed, input=b"echo hi\n", capture_output=True, timeout=60)
-    assert interactive.returncode == 125 and b"nothing to run" in interactive.stderr
-    assert sh("-c", "echo third").returncode == 0
-    refused = sh("-c", "echo fourth")
-    assert refused.returncode == 123 and refused.stdout == b""
-    rows = trial.records()
-    assert [row["status"] for row in rows] == ["error", "ok", "ok", "maximum_tool_calls"]
-    assert rows[0]["command"][1:] == ["-c", 'echo "$PWD"; sh -c "echo nested"; exit 5']
-    assert verify(trial.state, trial.log).ok

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TrialFiles
+from tests.conftest import TrialFiles
 
 
 def one_line(stderr: bytes) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TrialFiles, marked
+from tests.conftest import TrialFiles, marked
 
 PY = sys.executable
 

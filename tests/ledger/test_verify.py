@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TrialFiles
 from trialtool.ledger import audit
 from trialtool.ledger import state as statefile
 from trialtool.ledger.verify import verify
-
-from .conftest import TrialFiles
 
 KEY = "0123456789abcdef0123456789abcdef"
 

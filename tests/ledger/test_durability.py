@@ -21,11 +21,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
+from tests.conftest import TrialFiles, marked, wait_until
 from trialtool import BudgetExhausted, StorageError, Trial
 from trialtool.ledger import Ledger, clock, fsio, liveness
 from trialtool.ledger.verify import verify
-
-from .conftest import TrialFiles, marked, wait_until
 
 EXAMPLES = int(os.environ.get("TRIALTOOL_HYPOTHESIS_EXAMPLES", "150"))
 

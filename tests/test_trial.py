@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import TrialFiles, marked, wait_until
-from tests.test_ledger import check_ledger
+from tests.ledger.test_ledger import check_ledger
 from trialtool import Budget, BudgetExhausted, CallResult, Trial, UsageError, tokens
 from trialtool.ledger.verify import verify
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import TrialFiles, marked, wait_until
+from tests.conftest import TrialFiles, marked, wait_until
 
 PY = sys.executable
 

@@ -15,10 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import TrialFiles, marked, wait_until
 from trialtool import BudgetExhausted, Trial
 from trialtool.ledger.audit import GENESIS
-
-from .conftest import TrialFiles, marked, wait_until
 
 EXAMPLES = int(os.environ.get("TRIALTOOL_HYPOTHESIS_EXAMPLES", "150"))
 

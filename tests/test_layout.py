@@ -1,0 +1,108 @@
+"""The house's rules, read from the source: arrows point down, no cycles, verify reads only.
+
+Imports under `if TYPE_CHECKING:` are for the type checker and do not count.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "trialtool"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+class _Imports(ast.NodeVisitor):
+    def __init__(self, name: str, package: str) -> None:
+        self.name, self.package, self.found = name, package, set[str]()
+
+    def visit_If(self, node: ast.If) -> None:
+        if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.orelse:
+                self.visit(child)
+            return
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            base = self.package.split(".")[: len(self.package.split(".")) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        submodules = {f"{target}.{alias.name}" for alias in node.names} & MODULES.keys()
+        self.found |= submodules
+        if len(submodules) < len(node.names) and target in MODULES:
+            self.found.add(target)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self.found |= {alias.name for alias in node.names} & MODULES.keys()
+
+
+def _edges() -> dict[str, set[str]]:
+    edges = {}
+    for name, path in MODULES.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        visitor = _Imports(name, package)
+        visitor.visit(ast.parse(path.read_text(encoding="utf-8")))
+        edges[name] = visitor.found - {name}
+    return edges
+
+
+EDGES = _edges()
+
+
+def _room(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ("ledger", "process", "doors")) else "top"
+
+
+def test_there_are_three_rooms_and_a_small_top() -> None:
+    rooms = {_room(name) for name in MODULES}
+    assert rooms == {"top", "ledger", "process", "doors"}
+    assert sum(_room(name) == "top" for name in MODULES) <= 16
+
+
+def test_no_import_cycle() -> None:
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(EDGES[node]):
+            assert state.get(target) != 1, "import cycle: " + " -> ".join([*stack, node, target])
+            if target not in state:
+                visit(target, [*stack, node])
+        state[node] = 2
+
+    for name in sorted(MODULES):
+        if name not in state:
+            visit(name, [])
+
+
+@pytest.mark.parametrize("room", ["ledger", "process"])
+def test_the_rooms_below_import_no_door_and_not_trial(room: str) -> None:
+    for name, targets in EDGES.items():
+        if _room(name) == room:
+            upward = {t for t in targets if _room(t) == "doors" or t in ("trialtool.trial", "trialtool.delivery")}
+            assert not upward, f"{name} imports {sorted(upward)}"
+            other = "process" if room == "ledger" else "ledger"
+            assert not {t for t in targets if _room(t) == other}, f"{name} reaches into {other}/"
+
+
+def test_verify_imports_nothing_of_the_ledgers_writing_side() -> None:
+    writing = {"trialtool.ledger.ledger", "trialtool.ledger.store", "trialtool.ledger.mending"}
+    assert not EDGES["trialtool.ledger.verify"] & writing
+
+
+def test_the_top_imports_no_door() -> None:
+    for name, targets in EDGES.items():
+        if _room(name) == "top" and name not in ("trialtool", "trialtool.__main__"):
+            assert not {t for t in targets if _room(t) == "doors"}, name
