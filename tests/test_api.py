@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import trialtool
 from trialtool import errors
@@ -66,15 +67,18 @@ def test_import_has_no_heavy_side_effects() -> None:
 def test_a_call_with_no_output_imports_nothing_heavy(tmp_path: object) -> None:
     # The per-call cost (scripts/bench.py) depends on these staying out of trial-tool's
     # own process: each costs 5-40 ms to import here.
+    # -S: no site-packages, so no editable install's finder loading pathlib ahead of us;
+    # the package is found from the source tree (a call with no output needs nothing else).
     code = (
         "import sys\n"
-        "before = set(sys.modules)  # an editable install's finder may have loaded pathlib already\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+        "before = set(sys.modules)\n"
         "from trialtool.doors import cli\n"
         f"sys.argv = ['trial-tool', '--state', '{tmp_path}/s.json', '--log', '{tmp_path}/l.jsonl', '--', 'true']\n"
         "assert cli.main() == 0\n"
         "heavy = ('argparse', 'pathlib', 'subprocess', 'ctypes', 'tiktoken', 'psutil', 'filelock', 'dataclasses')\n"
         "print(sorted(m for m in heavy if m in sys.modules and m not in before))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

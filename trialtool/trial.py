@@ -27,7 +27,6 @@ from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .ledger.state import TrialState
 from .limits import from_overrides
 from .process import environment
-from .process.cgroups import kill_leftovers
 from .process.forkserver import ForkServer
 from .process.launcher import Launcher
 from .process.outcome import Outcome
@@ -46,6 +45,8 @@ def stop_leftovers(supervisor: int, token: str | None) -> int:
             os.kill(supervisor, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    from .process.cgroups import kill_leftovers  # a recovery only: cgroups imports pathlib
+
     return kill_leftovers(supervisor)
 
 

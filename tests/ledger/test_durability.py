@@ -23,7 +23,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from tests.conftest import TrialFiles, marked, wait_until
 from trialtool import BudgetExhausted, StorageError, Trial
-from trialtool.ledger import Ledger, clock, fsio, liveness
+from trialtool.ledger import clock, fsio, liveness
+from trialtool.ledger.ledger import Ledger
 from trialtool.ledger.verify import verify
 
 EXAMPLES = int(os.environ.get("TRIALTOOL_HYPOTHESIS_EXAMPLES", "150"))

@@ -67,9 +67,20 @@ def _base(trial_id: str, sequence: int, command: list[str], status: str) -> dict
     }
 
 
-def _nothing_delivered(record: dict[str, Any], observed: int | None) -> dict[str, Any]:
-    """The output fields of a record whose command delivered nothing."""
-    record.update(
+def _not_run(
+    base: dict[str, Any],
+    *,
+    observed: int | None,
+    charged: bool,
+    error: str,
+    started_at_utc: str,
+    at_utc: str,
+    wall_elapsed: float,
+) -> dict[str, Any]:
+    """The fields of a record whose command delivered nothing: refused, or abandoned by a dead trial-tool."""
+    base.update(
+        charged=charged,
+        error=error,
         complete_delivery=False,
         stdout_b64="",
         stderr_b64="",
@@ -90,8 +101,14 @@ def _nothing_delivered(record: dict[str, Any], observed: int | None) -> dict[str
         output_truncated=False,
         elapsed_seconds=0.0,
         allowance_tokens=0,
+        started_at_utc=started_at_utc,
+        ended_at_utc=at_utc,
+        wall_elapsed_seconds=wall_elapsed,
+        return_code=None,
+        command_exit_code=None,
+        command_signal=None,
     )
-    return record
+    return base
 
 
 def refusal(
@@ -105,18 +122,15 @@ def refusal(
     wall_elapsed: float,
 ) -> dict[str, Any]:
     """A call refused before its command ran; it is not charged."""
-    record = _nothing_delivered(_base(trial_id, sequence, command, status), 0)
-    record.update(
+    return _not_run(
+        _base(trial_id, sequence, command, status),
+        observed=0,
         charged=False,
         error=reason,
         started_at_utc=at_utc,
-        ended_at_utc=at_utc,
-        wall_elapsed_seconds=wall_elapsed,
-        return_code=None,
-        command_exit_code=None,
-        command_signal=None,
+        at_utc=at_utc,
+        wall_elapsed=wall_elapsed,
     )
-    return record
 
 
 def abandoned(
@@ -130,18 +144,15 @@ def abandoned(
     owner_pid: int,
 ) -> dict[str, Any]:
     """A call reserved by a trial-tool that died before committing it: charged, nothing delivered."""
-    record = _nothing_delivered(_base(trial_id, sequence, command, "abandoned"), None)
-    record.update(
+    return _not_run(
+        _base(trial_id, sequence, command, "abandoned"),
+        observed=None,
         charged=True,
         error=f"trial-tool pid {owner_pid} died before recording this call",
         started_at_utc=started_at_utc,
-        ended_at_utc=at_utc,
-        wall_elapsed_seconds=wall_elapsed,
-        return_code=None,
-        command_exit_code=None,
-        command_signal=None,
+        at_utc=at_utc,
+        wall_elapsed=wall_elapsed,
     )
-    return record
 
 
 def failed(
