@@ -256,7 +256,7 @@ def main() -> int:
     print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")
     for module in ("trialtool.doors.cli", "tiktoken", "psutil", "filelock"):
         cost = import_ms(python, module)
-        print(f"  {module:<16}{'not installed' if cost is None else f'{cost:.1f} ms'}")
+        print(f"  {module:<22}{'not installed' if cost is None else f'{cost:.1f} ms'}")
     encoder = subprocess.run(
         [
             python,
