@@ -107,6 +107,29 @@ def marker() -> Iterator[str]:
     assert not leftovers, f"processes outlived the test: {[p.pid for p in leftovers]}"
 
 
+def strict_records(path: Path) -> list[dict[str, Any]]:
+    """The log as the strictest JSON reader takes it: UTF-8 lines, JSON objects, no lone surrogate anywhere."""
+
+    def check(value: Any) -> None:
+        if isinstance(value, str):
+            value.encode("utf-8")  # a lone surrogate (\\udcff in the JSON) fails here
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                check(key)
+                check(item)
+        elif isinstance(value, list):
+            for item in value:
+                check(item)
+
+    rows = []
+    for raw in path.read_bytes().splitlines() if path.exists() else []:
+        row = json.loads(raw.decode("utf-8"))
+        assert isinstance(row, dict)
+        check(row)
+        rows.append(row)
+    return rows
+
+
 def marked(word: str) -> list[psutil.Process]:
     """Live processes whose command line or environment carries `word`."""
     found = []

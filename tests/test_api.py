@@ -26,7 +26,6 @@ EXPECTED = {
     "StateError",
     "StorageError",
     "Trial",
-    "TrialExists",
     "TrialToolError",
     "UsageError",
     "__version__",

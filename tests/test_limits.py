@@ -35,11 +35,14 @@ REFUSED = [
     ({"call_timeout": 0}, "--call-timeout must be between"),
     ({"call_timeout": 31 * 86_400}, "--call-timeout must be between"),
     ({"max_capture_bytes": 2 << 30}, "--max-capture-bytes must be between"),
-    ({"max_memory": 1000}, "--max-memory must be between 1.04858e+06"),
+    ({"max_memory": 1000}, "--max-memory must be between 1048576 and 1099511627776, not 1000"),
+    ({"max_calls": 5e6}, "--max-calls must be between 1 and 1000000, not 5000000"),
+    ({"max_calls": "12"}, '--max-calls must be a number, not "12"'),
+    ({"max_calls": None}, "--max-calls must be a number, not null"),
     ({"max_open_files": 3}, "--max-open-files must be between 8"),
     ({"kill_grace": -1}, "--kill-grace must be between 0"),
     ({"clip": "tail"}, "--clip must be one of headtail, head"),
-    ({"max_call": 3}, "unknown limit 'max_call'"),
+    ({"max_call": 3}, 'unknown limit "max_call"'),
 ]
 
 
@@ -70,7 +73,7 @@ def test_pinned_limits_round_trip_and_refuse_a_difference() -> None:
     pinned = from_overrides({"max_calls": 3})
     assert from_state(pinned._asdict()) == pinned
     check_pinned(pinned, {"max_calls": 3.0})  # the same value, as the CLI passes it
-    with pytest.raises(LimitMismatch, match="--max-calls 4 differs from the value 3"):
+    with pytest.raises(LimitMismatch, match="--max-calls 4 differs from the value 3 pinned"):
         check_pinned(pinned, {"max_calls": 4})
     with pytest.raises(ValueError, match="missing or have unknown fields"):
         from_state({**pinned._asdict(), "extra": 1})

@@ -133,7 +133,7 @@ def test_judge(given: Outcome, interrupt: Any, kind: str, status: str, code: int
     if word is None:
         assert notice == ""
     else:
-        assert word in notice and notice.startswith(("trial-tool", "\n[trial-tool"))
+        assert word in notice and notice.startswith(("trial-tool", "[trial-tool"))
 
 
 def test_a_sigkill_without_a_cpu_limit_is_the_commands_own_error() -> None:

@@ -26,7 +26,6 @@ from .errors import (
     LockTimeout,
     StateError,
     StorageError,
-    TrialExists,
     TrialToolError,
     UsageError,
 )
@@ -81,7 +80,6 @@ __all__ = [
     "StateError",
     "StorageError",
     "Trial",
-    "TrialExists",
     "TrialToolError",
     "UsageError",
     "__version__",

@@ -6,6 +6,7 @@ from typing import Any, NamedTuple, Protocol
 
 from .budget import Budget
 from .errors import UsageError
+from .osio import os_text
 
 
 class CallResult(NamedTuple):
@@ -63,13 +64,15 @@ def command_argv(command: list[str] | tuple[str, ...] | str) -> list[str]:
         if not command.strip():
             msg = "empty command"
             raise UsageError(msg)
-        return [SHELL, "-c", command]
+        return [SHELL, "-c", os_text(command, "the command")]
     argv = list(command)
     if not argv:
         msg = "no command given"
         raise UsageError(msg)
-    if not all(isinstance(part, str) for part in argv):
-        msg = "a command's arguments must all be strings"
+    for index, part in enumerate(argv):
+        os_text(part, f"argument {index} of the command")
+    if not argv[0]:
+        msg = "the command's name is empty"
         raise UsageError(msg)
     return argv
 

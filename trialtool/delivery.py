@@ -59,6 +59,9 @@ def deliver(
     stderr_cut = outcome.stderr_bytes > limits.max_capture_bytes
     stdout_text = _decode(outcome.stdout, stdout_cut)
     stderr_text = _decode(outcome.stderr, stderr_cut)
+    if notice and stderr_text and not stderr_text.endswith("\n"):
+        # The notice starts a line of its own; a newline the agent pays for only where one is missing.
+        notice = "\n" + notice
     if stdout_text or stderr_text or notice:
         encoder = tokens.verified(rank_path).encoder()
         out, err = clipping.deliver(encoder, stdout_text, stderr_text, reservation.allowance, limits.clip, notice)

@@ -4,8 +4,7 @@
     ├── UsageError(ValueError)        a bad flag, limit or command line
     │   └── LimitMismatch             a limit differs from the one pinned in the state
     ├── StateError(ValueError)        the state file is corrupt, of an unknown schema,
-    │   │                             or disagrees with its log
-    │   └── TrialExists               `init` on a trial that already exists
+    │                                 or disagrees with its log
     ├── StorageError(OSError)         a read, write, fsync or replace failed
     ├── LockTimeout(TimeoutError)     the ledger lock was not acquired in time
     ├── EncoderError(RuntimeError)    o200k_base data missing or of the wrong hash
@@ -37,6 +36,8 @@ class TrialToolError(Exception):
     status: str = "trial_tool_error"
 
     def __init__(self, message: str) -> None:
+        # One line, always: a message may quote what a caller sent, newlines and all.
+        message = message.replace("\r", "\\r").replace("\n", "\\n")
         super().__init__(message)
         self.message = message
 
@@ -62,12 +63,6 @@ class StateError(TrialToolError, ValueError):
     """The state file cannot be trusted: corrupt, unknown schema, or out of step with its log."""
 
     status = "state_error"
-
-
-class TrialExists(StateError):
-    """`init` was asked to create a trial whose state file already exists."""
-
-    status = "trial_exists"
 
 
 class StorageError(TrialToolError, OSError):
@@ -135,7 +130,6 @@ __all__ = [
     "LockTimeout",
     "StateError",
     "StorageError",
-    "TrialExists",
     "TrialToolError",
     "UsageError",
 ]

@@ -6,6 +6,7 @@ import math
 from typing import Any, NamedTuple
 
 from .errors import LimitMismatch, UsageError
+from .osio import plain
 
 CLIP_MODES = ("headtail", "head")
 
@@ -81,17 +82,17 @@ FLAG_OF = {name: "--" + name.replace("_", "-") for name in Limits._fields}
 def _check_number(name: str, raw: Any) -> int | float:
     value: int | float
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        msg = f"{FLAG_OF[name]} must be a number, not {raw!r}"
+        msg = f"{FLAG_OF[name]} must be a number, not {plain(raw)}"
         raise UsageError(msg)
     value = raw
     if isinstance(value, float) and not math.isfinite(value):
-        msg = f"{FLAG_OF[name]} must be finite, not {value!r}"
+        msg = f"{FLAG_OF[name]} must be finite, not {plain(value)}"
         raise UsageError(msg)
     bound = BOUNDS[name]
     if bound.integer:
         if isinstance(value, float):
             if not value.is_integer():
-                msg = f"{FLAG_OF[name]} must be a whole number, not {value!r}"
+                msg = f"{FLAG_OF[name]} must be a whole number, not {plain(value)}"
                 raise UsageError(msg)
             value = int(value)
     else:
@@ -100,7 +101,7 @@ def _check_number(name: str, raw: Any) -> int | float:
     if bound.off_low is not None and value != 0:
         low = bound.off_low
     if not low <= value <= high:
-        msg = f"{FLAG_OF[name]} must be between {low:g} and {high:g}, not {value:g}"
+        msg = f"{FLAG_OF[name]} must be between {plain(low)} and {plain(high)}, not {plain(value)}"
         raise UsageError(msg)
     return value
 
@@ -111,7 +112,7 @@ def validate(limits: Limits) -> Limits:
     for name in BOUNDS:
         fields[name] = _check_number(name, getattr(limits, name))
     if limits.clip not in CLIP_MODES:
-        msg = f"--clip must be one of {', '.join(CLIP_MODES)}, not {limits.clip!r}"
+        msg = f"--clip must be one of {', '.join(CLIP_MODES)}, not {plain(limits.clip)}"
         raise UsageError(msg)
     fields["clip"] = limits.clip
     return Limits(**fields)
@@ -121,7 +122,7 @@ def from_overrides(overrides: dict[str, Any]) -> Limits:
     """Defaults with `overrides` applied; unknown names are a UsageError."""
     unknown = sorted(set(overrides) - set(Limits._fields))
     if unknown:
-        msg = f"unknown limit {unknown[0]!r}"
+        msg = f"unknown limit {plain(unknown[0])}"
         raise UsageError(msg)
     return validate(Limits()._replace(**overrides))
 
@@ -140,8 +141,8 @@ def check_pinned(pinned: Limits, overrides: dict[str, Any]) -> None:
     for name in overrides:
         if getattr(wanted, name) != getattr(pinned, name):
             msg = (
-                f"{FLAG_OF[name]} {getattr(wanted, name)!r} differs from the value "
-                f"{getattr(pinned, name)!r} pinned when this trial was created"
+                f"{FLAG_OF[name]} {plain(getattr(wanted, name))} differs from the value "
+                f"{plain(getattr(pinned, name))} pinned when this trial was created"
             )
             raise LimitMismatch(msg)
 

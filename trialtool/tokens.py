@@ -23,7 +23,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from .errors import EncoderError
+from .errors import EncoderError, StorageError
 from .ledger import fsio
 
 if TYPE_CHECKING:
@@ -107,11 +107,15 @@ class RankFile:
     def __init__(self, path: str) -> None:
         self.path = path
         try:
-            with open(path, "rb") as handle:
-                self._data = handle.read()
-        except OSError as exc:
-            msg = f"cannot read o200k_base rank file {path}: {exc.strerror or exc}; {_FIX}"
+            # A link is fine (the user names this file); a FIFO or a directory is not.
+            data = fsio.read_bytes(path, follow=True)
+        except StorageError as exc:
+            msg = f"cannot read o200k_base rank file: {exc.message}; {_FIX}"
             raise EncoderError(msg) from exc
+        if data is None:
+            msg = f"o200k_base rank file {path} does not exist; {_FIX}"
+            raise EncoderError(msg)
+        self._data = data
         digest = hashlib.sha256(self._data).hexdigest()
         if digest != EXPECTED_SHA256:
             msg = f"o200k_base rank file {path} has sha256 {digest}, expected {EXPECTED_SHA256}; {_FIX}"

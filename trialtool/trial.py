@@ -26,6 +26,7 @@ from .ledger import clock, liveness, records
 from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .ledger.state import TrialState
 from .limits import from_overrides
+from .osio import os_text, plain
 from .process import environment
 from .process.forkserver import ForkServer
 from .process.launcher import Launcher
@@ -97,8 +98,8 @@ class Trial:
             server.close()
 
     def init(self) -> TrialState:
-        """Create the trial and pin its limits."""
-        return self.ledger.init(self.overrides)
+        """Create the trial (and its missing directories) and pin its limits; an existing one is fine if they match."""
+        return self.ledger.open(self.overrides, create_directories=True)
 
     def open(self) -> Budget:
         """Create the trial if it does not exist yet, else check its pinned limits (LimitMismatch); its budget."""
@@ -194,11 +195,16 @@ class Trial:
             except OSError as exc:
                 msg = f"the current directory is gone ({exc.strerror}); pass cwd"
                 raise UsageError(msg) from exc
-        elif cwd is not None and not os.path.isdir(cwd):
-            msg = f"--cwd {os.fspath(cwd)} is not a directory"
+        elif cwd is not None and not os.path.isdir(os_text(os.fspath(cwd), "cwd")):
+            msg = f"cwd {plain(os.fspath(cwd))} is not a directory"
             raise UsageError(msg)
+        for key, value in (env or {}).items():
+            if not os_text(key, "an environment variable's name") or "=" in key:
+                msg = f"{plain(key)} cannot be an environment variable's name"
+                raise UsageError(msg)
+            os_text(value, f"environment variable {plain(key)}")
         command_env = environment.build(clean=clean_env, set_vars=env, unset=unset_env)
-        self.ledger.ensure_directory()
+        self.ledger.directories()
         # The supervisor is forked first and gets ready while the call is reserved.
         with nullcontext(ready) if ready is not None else Launcher(self.ledger.directory, self._server()) as launcher:
             outcome, reservation, started_wall = self._reserve_and_run(
@@ -236,10 +242,12 @@ class Trial:
         if timeout is not None and timeout < reservation.run_seconds:
             reservation = reservation._replace(run_seconds=float(timeout), deadline_kind="request")
         started_wall = time.time()
-        deadline = time.monotonic() + reservation.run_seconds
+        started = time.monotonic()
+        deadline = started + reservation.run_seconds
         try:
             outcome = launcher.run(
                 argv,
+                started=started,
                 deadline=deadline,
                 limits=reservation.limits,
                 interrupt_fd=None if interrupt is None else interrupt.fd,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_TIMEOUT
 from .limits import FLAG_OF
+from .osio import shown
 
 if TYPE_CHECKING:
     from .callresult import Interrupt
@@ -37,13 +38,14 @@ def judge(
     stderr_cut = outcome.stderr_bytes > limits.max_capture_bytes
     ended = outcome.ended
     if ended == "not_found":
-        return "command_error", EXIT_NOT_FOUND, f"trial-tool: {argv[0]}: command not found\n"
+        return "command_error", EXIT_NOT_FOUND, f"trial-tool: {shown(argv[0])}: command not found\n"
     if ended == "not_executable":
-        return "command_error", EXIT_NOT_EXECUTABLE, f"trial-tool: {argv[0]}: cannot execute: {outcome.error}\n"
+        message = f"trial-tool: {shown(argv[0])}: cannot execute: {outcome.error}\n"
+        return "command_error", EXIT_NOT_EXECUTABLE, message
     if ended == "interrupted":
         sig = (interrupt.signum if interrupt is not None else None) or signal.SIGINT
         reason = interrupt.reason if interrupt is not None else "trial-tool was told to stop"
-        return "interrupted", 128 + sig, f"\n[trial-tool: stopped: {reason}]\n"
+        return "interrupted", 128 + sig, f"[trial-tool: stopped: {reason}]\n"
     if ended == "deadline":
         flag = {"call": FLAG_OF["call_timeout"], "trial": FLAG_OF["trial_timeout"]}.get(
             deadline_kind, "the call's timeout"
@@ -52,15 +54,15 @@ def judge(
         if outcome.process_cap_hit:
             # The cap refused its forks and it waited on until the deadline: the cap is the cause.
             what += f" after hitting the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
-            return "process_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
-        return "timeout", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
+            return "process_limit", EXIT_TIMEOUT, f"[trial-tool: {what}]\n"
+        return "timeout", EXIT_TIMEOUT, f"[trial-tool: {what}]\n"
     if ended == "output_limit":
         stream = "stdout" if stdout_cut else "stderr"
         what = f"stopped: {stream} passed {limits.max_capture_bytes} bytes ({FLAG_OF['max_capture_bytes']})"
-        return "output_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
+        return "output_limit", EXIT_TIMEOUT, f"[trial-tool: {what}]\n"
     if ended == "process_limit":
         what = f"stopped: more than {limits.max_procs} processes ({FLAG_OF['max_procs']})"
-        return "process_limit", EXIT_TIMEOUT, f"\n[trial-tool: {what}]\n"
+        return "process_limit", EXIT_TIMEOUT, f"[trial-tool: {what}]\n"
     return _exited(outcome, limits, stdout_cut or stderr_cut)
 
 
@@ -75,18 +77,18 @@ def _exited(outcome: Outcome, limits: Limits, capture_cut: bool) -> tuple[str, i
 
     if outcome.oom_kills:
         what = f"killed: out of memory at {limits.max_memory} bytes ({FLAG_OF['max_memory']})"
-        return "memory_limit", code, f"\n[trial-tool: {what}]\n"
+        return "memory_limit", code, f"[trial-tool: {what}]\n"
     if limits.max_cpu_seconds and (
         died_of(signal.SIGXCPU) or (died_of(signal.SIGKILL) and cpu_used >= limits.max_cpu_seconds)
     ):
         what = f"killed: {limits.max_cpu_seconds:g} CPU seconds used ({FLAG_OF['max_cpu_seconds']})"
-        return "cpu_limit", code, f"\n[trial-tool: {what}]\n"
+        return "cpu_limit", code, f"[trial-tool: {what}]\n"
     if limits.max_file_size and died_of(signal.SIGXFSZ):
         what = f"killed: a file passed {limits.max_file_size} bytes ({FLAG_OF['max_file_size']})"
-        return "file_size_limit", code, f"\n[trial-tool: {what}]\n"
+        return "file_size_limit", code, f"[trial-tool: {what}]\n"
     if outcome.process_cap_hit:
         what = f"the command hit the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
-        return "process_limit", code, f"\n[trial-tool: {what}]\n"
+        return "process_limit", code, f"[trial-tool: {what}]\n"
     if capture_cut:
         return "output_limit", code, ""
     return ("ok" if code == 0 else "error"), code, ""

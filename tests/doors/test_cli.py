@@ -142,8 +142,13 @@ def test_init_pins_limits(trial: TrialFiles) -> None:
     done = trial.call("true", flags=("--max-calls", "4"))
     assert done.returncode == 125 and "--max-calls" in one_line(done.stderr)
     assert trial.snapshot() == before
-    done = trial.cli("init", "--state", str(trial.state), "--log", str(trial.log))
-    assert done.returncode == 125 and "already exists" in one_line(done.stderr)
+    # init again: the same trial is fine (as through the API, serve and the shim); other limits are not.
+    again = trial.cli("init", "--state", str(trial.state), "--log", str(trial.log), "--max-calls", "3")
+    assert again.returncode == 0 and json.loads(again.stdout)["trial_id"] == trial.state_json()["trial_id"]
+    before = trial.snapshot()
+    done = trial.cli("init", "--state", str(trial.state), "--log", str(trial.log), "--max-calls", "5")
+    assert done.returncode == 125 and "--max-calls 5 differs" in one_line(done.stderr)
+    assert trial.snapshot() == before
     assert trial.snapshot() == before
 
 

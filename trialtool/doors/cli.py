@@ -19,8 +19,9 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import TrialToolError, UsageError
-from .options import Arguments, overrides, parse, quick, split
+from ..errors import StorageError, TrialToolError, UsageError
+from ..osio import plain
+from .options import SUBCOMMANDS, Arguments, overrides, parse, quick, split
 
 TYPE_CHECKING = False  # typing's own costs an import before the fork; mypy reads any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -39,12 +40,18 @@ EXIT_VERIFY_FAILED = 1
 def _key(args: Arguments) -> bytes | None:
     """The ledger key from --key-file or the environment; at least 16 bytes."""
     if args.key_file is not None:
+        from ..ledger.fsio import read_bytes
+
         try:
-            with open(args.key_file, "rb") as handle:
-                key = handle.read().rstrip(b"\r\n")
-        except OSError as exc:
-            msg = f"cannot read --key-file {args.key_file}: {exc.strerror or exc}"
+            # A link is fine (secrets mounts use them); a FIFO or a directory is not.
+            data = read_bytes(args.key_file, follow=True)
+        except StorageError as exc:
+            msg = f"cannot read --key-file: {exc.message}"
             raise UsageError(msg) from exc
+        if data is None:
+            msg = f"cannot read --key-file {args.key_file}: it does not exist"
+            raise UsageError(msg)
+        key = data.rstrip(b"\r\n")
     else:
         value = os.environ.get(KEY_ENV)
         if not value:
@@ -74,6 +81,9 @@ def _call(args: Arguments, tool_argv: list[str]) -> int:
     """One tool call: fork the supervisor, reserve, run, deliver; the call's exit code."""
     if not tool_argv:
         msg = "no command after `--`"
+        raise UsageError(msg)
+    if args.cwd is not None and not os.path.isdir(args.cwd):
+        msg = f"--cwd {plain(args.cwd)} is not a directory"
         raise UsageError(msg)
     from ..process.launcher import Launcher
 
@@ -154,6 +164,14 @@ def describe(state: TrialState) -> dict[str, Any]:
 
 
 def _run(argv: list[str]) -> int:
+    if argv[:1] == ["--version"]:
+        from .._version import __version__
+
+        print(f"trial-tool {__version__}")
+        return 0
+    if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        msg = f"unknown command {argv[0]!r}: {', '.join(SUBCOMMANDS[1:])}, or flags then `-- CMD ARGS...` to run one"
+        raise UsageError(msg)
     command, flags, tool_argv = split(argv)
     if command == "run" and "--" not in argv and not any(f in ("-h", "--help") for f in flags):
         msg = "missing `--` before the command: trial-tool --state S --log L -- CMD ARGS..."

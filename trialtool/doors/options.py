@@ -152,6 +152,7 @@ def parse(command: str, flags: list[str]) -> Arguments:
 
     parser = _Parser(
         prog=f"trial-tool {command}" if command != "run" else "trial-tool",
+        usage=_USAGE.get(command),
         description=_DESCRIPTIONS[command],
         epilog=(
             "other commands: init, status, verify, serve (JSON lines), mcp (MCP server), shim (sh/bash shims); "
@@ -186,6 +187,13 @@ def parse(command: str, flags: list[str]) -> Arguments:
             )
         groups[group].add_argument(flag, **options)
     return Arguments(command, vars(parser.parse_args(flags)))
+
+
+#: The usage lines argparse would otherwise write without what follows `--`.
+_USAGE = {
+    "run": "trial-tool [run] --state S --log L [limits] [options] -- CMD ARGS...",
+    "shim": "trial-tool shim DIRECTORY --state S --log L [limits] [options]",
+}
 
 
 def split(argv: list[str]) -> tuple[str, list[str], list[str]]:

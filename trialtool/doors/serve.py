@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..errors import TrialToolError
-from ..fdio import write_all
+from ..osio import write_all
 from ..process.interrupts import Cancellation
 from ..trial import Trial
 

@@ -87,14 +87,7 @@ def read_tail(path: str, head: LogHead, chain: Chain) -> Tail:
     time linear in its size (docs/performance.md): what it costs to refuse a
     doctored log on every call rather than only at `verify` time.
     """
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        data = b""
-    except OSError as exc:
-        msg = f"cannot read log {path}: {exc.strerror or exc}"
-        raise StateError(msg) from exc
+    data = fsio.read_bytes(path) or b""
 
     def broken(what: str) -> StateError:
         return StateError(f"log {path} {what}; the trial stops here: run `trial-tool verify`")
@@ -129,11 +122,7 @@ def read_tail(path: str, head: LogHead, chain: Chain) -> Tail:
 
 def lines(path: str) -> list[bytes]:
     """Every line of the log, newline included on all but perhaps a torn last one."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.readlines()
-    except FileNotFoundError:
-        return []
+    return (fsio.read_bytes(path) or b"").splitlines(keepends=True)
 
 
 __all__ = ["GENESIS", "Chain", "LogHead", "Tail", "append", "encode", "lines", "read_tail"]

@@ -1,17 +1,27 @@
-"""Durable file writes: the one seam through which the ledger and the log touch the disk.
+"""The one seam through which trial-tool touches its own files: opened safely, written durably.
 
-Every write here is followed by fsync, and an fsync error is never retried: after a
-failed fsync the kernel may have dropped the dirty pages, so a retry can report
-success for data that is gone (https://lwn.net/Articles/752063/). Failures surface
-as StorageError naming the file and the step.
+Opening: every file of the trial (state, log, lock) is opened by `open_own`,
+never through a symbolic link (O_NOFOLLOW on the last component), never
+blocking (O_NONBLOCK, so a FIFO cannot hang a call), and only if it is a
+regular file. Inputs the user names (the key file, the rank file) may be links,
+as secrets mounts use them, but must lead to a regular file too. Anything else
+is a StorageError naming the file and what it is, raised before a call is
+charged.
+
+Writing: every write is followed by fsync, and an fsync error is never retried:
+after a failed fsync the kernel may have dropped the dirty pages, so a retry
+can report success for data that is gone (https://lwn.net/Articles/752063/).
+Failures surface as StorageError naming the file and the step.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 from ..errors import StorageError
-from ..fdio import ensure_directory, write_all
+from ..osio import ensure_directory, write_all
 
 
 def _fail(step: str, path: str, exc: OSError) -> StorageError:
@@ -19,15 +29,74 @@ def _fail(step: str, path: str, exc: OSError) -> StorageError:
     return StorageError(f"cannot {step} {path}: {reason}")
 
 
-def read_bytes(path: str) -> bytes | None:
-    """The file's bytes, or None when it does not exist."""
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+
+
+def open_own(path: str, flags: int, *, follow: bool = False, mode: int = 0o644) -> int:
+    """A descriptor on the regular file `path`; StorageError for a link (unless `follow`), a FIFO, a directory.
+
+    FileNotFoundError passes through, so that callers can tell "absent" apart.
+    """
+    extra = os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
     try:
-        with open(path, "rb") as handle:
-            return handle.read()
+        fd = os.open(path, flags | extra, mode)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow and os.path.islink(path):
+            msg = f"{path} is a symbolic link; trial-tool opens its own files only directly (name the file itself)"
+            raise StorageError(msg) from exc
+        if exc.errno in (errno.EISDIR, errno.ENXIO):
+            try:
+                what = _kind(os.stat(path).st_mode)
+            except OSError:
+                what = "not a regular file"
+            msg = f"{path} is {what}, not a regular file"
+            raise StorageError(msg) from exc
+        raise _fail("open", path, exc) from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        msg = f"{path} is {_kind(info.st_mode)}, not a regular file"
+        raise StorageError(msg)
+    return fd
+
+
+def check_regular(path: str) -> None:
+    """StorageError if `path` exists and is anything but a regular file (a link, a directory, a FIFO)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _fail("inspect", path, exc) from exc
+    if stat.S_ISLNK(info.st_mode):
+        msg = f"{path} is a symbolic link; trial-tool opens its own files only directly (name the file itself)"
+        raise StorageError(msg)
+    if not stat.S_ISREG(info.st_mode):
+        msg = f"{path} is {_kind(info.st_mode)}, not a regular file"
+        raise StorageError(msg)
+
+
+def read_bytes(path: str, *, follow: bool = False) -> bytes | None:
+    """The regular file's bytes, or None when it does not exist."""
+    try:
+        fd = open_own(path, os.O_RDONLY, follow=follow)
     except FileNotFoundError:
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
     except OSError as exc:
         raise _fail("read", path, exc) from exc
+    finally:
+        os.close(fd)
 
 
 def fsync_directory(directory: str) -> None:
@@ -86,8 +155,8 @@ def append(path: str, data: bytes) -> int:
     and the next reader finds a torn tail.
     """
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError as exc:
+        fd = open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    except FileNotFoundError as exc:
         raise _fail("open", path, exc) from exc
     created = False
     try:
@@ -124,8 +193,8 @@ def stamp(path: str) -> list[int] | None:
 def truncate(path: str, size: int) -> None:
     """Cut `path` back to `size` bytes, durably (repairing a torn append)."""
     try:
-        fd = os.open(path, os.O_WRONLY)
-    except OSError as exc:
+        fd = open_own(path, os.O_WRONLY)
+    except FileNotFoundError as exc:
         raise _fail("open", path, exc) from exc
     try:
         os.ftruncate(fd, size)
@@ -136,4 +205,26 @@ def truncate(path: str, size: int) -> None:
         os.close(fd)
 
 
-__all__ = ["append", "atomic_write", "ensure_directory", "fsync_directory", "read_bytes", "stamp", "truncate"]
+def preflight_append(path: str) -> None:
+    """StorageError now, rather than after a command ran, if `path` cannot take an append; creates nothing."""
+    try:
+        os.close(open_own(path, os.O_WRONLY | os.O_APPEND))
+    except FileNotFoundError:
+        directory = os.path.dirname(path) or "."
+        if not os.access(directory, os.W_OK):
+            msg = f"cannot create {path}: its directory is not writable"
+            raise StorageError(msg) from None
+
+
+__all__ = [
+    "append",
+    "atomic_write",
+    "check_regular",
+    "ensure_directory",
+    "fsync_directory",
+    "open_own",
+    "preflight_append",
+    "read_bytes",
+    "stamp",
+    "truncate",
+]

@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..errors import BudgetExhausted, StateError, TrialExists
-from ..limits import FLAG_OF, Limits, from_overrides
+from ..errors import BudgetExhausted, StateError, StorageError, UsageError
+from ..limits import FLAG_OF, Limits
+from ..osio import plain, require_directory
 from . import audit, clock, fsio, liveness, records
 from .locking import DEFAULT_LOCK_TIMEOUT, LedgerLock
 from .state import InFlight, TrialState
@@ -69,6 +70,9 @@ class Ledger:
         owner: tuple[int, str | None] | None = None,
         stop_leftovers: StopLeftovers | None = None,
     ) -> None:
+        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, int | float) or not 0 <= lock_timeout < 1e9:
+            msg = f"the lock timeout must be a number of seconds, 0 or more, not {plain(lock_timeout)}"
+            raise UsageError(msg)
         # Plain strings: pathlib is not imported on a call's path (docs/performance.md).
         self.state_path = os.fspath(state_path)
         self.log_path = os.fspath(log_path)
@@ -95,9 +99,13 @@ class Ledger:
     def _lock(self, cancelled: Callable[[], None] | None = None) -> LedgerLock:
         return LedgerLock(self.state_path + ".lock", self.lock_timeout, cancelled)
 
-    def ensure_directory(self) -> None:
-        """Create the state's directory (and parents) if missing; StorageError if it cannot be."""
-        fsio.ensure_directory(self.directory)
+    def directories(self, *, create: bool = False) -> None:
+        """The state's and the log's directories: made if `create` (init), else StorageError if missing."""
+        for directory in {self.directory, os.path.dirname(self.log_path) or "."}:
+            if create:
+                fsio.ensure_directory(directory)
+            else:
+                require_directory(directory)
 
     def load(self) -> TrialState | None:
         """The validated state as it is on disk (unlocked, unmended), or None when there is no trial."""
@@ -105,21 +113,9 @@ class Ledger:
 
     # -- the operations ------------------------------------------------------
 
-    def init(self, overrides: dict[str, Any]) -> TrialState:
-        """Create the trial with its limits pinned; TrialExists if it already exists."""
-        limits = from_overrides(overrides)
-        self.ensure_directory()
-        with self._lock():
-            if self.store.load() is not None:
-                msg = f"a trial already exists at {self.state_path}"
-                raise TrialExists(msg)
-            state = self.store.new_state(limits)
-            self.store.write(state, sync_directory=True)
-        return state
-
-    def open(self, overrides: dict[str, Any]) -> TrialState:
+    def open(self, overrides: dict[str, Any], *, create_directories: bool = False) -> TrialState:
         """The trial's state, creating the trial if it does not exist; LimitMismatch if its limits differ."""
-        self.ensure_directory()
+        self.directories(create=create_directories)
         with self._lock():
             new = not os.path.lexists(self.state_path)
             state = self.store.open(overrides, create=True)
@@ -129,7 +125,10 @@ class Ledger:
         return state
 
     def status(self) -> TrialState:
-        """The state as a reader sees it now, with the trial time brought up to date."""
+        """The state as a reader sees it now, with the trial time brought up to date; nothing is created."""
+        if not os.path.lexists(self.state_path):
+            msg = f"no trial at {self.state_path}: create it with `trial-tool init` or a first call"
+            raise StateError(msg)
         with self._lock():
             state = self.store.open({}, create=False)
         state.elapsed_seconds = state.elapsed()
@@ -151,12 +150,14 @@ class Ledger:
         stop what it left running. `cancelled()` is called while waiting (for the
         lock, for tokens) and just before charging; it raises to give up uncharged.
         """
-        self.ensure_directory()
+        self.directories()
         wait_until: float | None = None
         pause = 0.005
         while True:
             with self._lock(cancelled):
                 state = self.store.open(overrides, create=True)
+                # The log must take this call's record: found out now, not after the command ran.
+                fsio.preflight_append(self.log_path)
                 if preflight is not None:
                     preflight(state)
                 self._recover(state)
@@ -256,7 +257,13 @@ class Ledger:
             record["wall_elapsed_seconds"] = state.elapsed_seconds
             state.emitted_tokens += delivered
             self.store.append(state, record)
-            self.store.write(state)
+            try:
+                self.store.write(state)
+            except StorageError:
+                # The record is durable in the log, which is the ledger's truth: the state
+                # is one step behind, as after a crash there, and the next open rolls it
+                # forward. The call is delivered as recorded, not failed after the fact.
+                pass
         return state
 
     def _recover(self, state: TrialState) -> None:
@@ -292,7 +299,10 @@ def _refusal(state: TrialState, elapsed: float) -> tuple[str, str] | None:
     if state.emitted_tokens >= limits.max_tokens:
         return "maximum_emitted_tokens", f"all {limits.max_tokens} delivered tokens are spent ({FLAG_OF['max_tokens']})"
     if elapsed >= limits.trial_timeout:
-        return "task_timeout_seconds", f"the trial's {limits.trial_timeout:g} s are spent ({FLAG_OF['trial_timeout']})"
+        return (
+            "task_timeout_seconds",
+            f"the trial's {plain(limits.trial_timeout)} s are spent ({FLAG_OF['trial_timeout']})",
+        )
     return None
 
 

@@ -5,7 +5,9 @@ pulls in logging, inspect, secrets and asyncio machinery, which measured at
 about half of a cold call's whole overhead (docs/performance.md), and of what
 it offers we need only this: one exclusive lock on a side file that the kernel
 releases when its holder dies. flock(2) does exactly that on Linux and macOS.
-The lock file holds the holder's pid so that a timeout can say who is holding it.
+The lock file stays empty: a timeout names the holder from /proc/locks, which
+the kernel keeps true, rather than from a pid the file might still hold from
+an earlier holder.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import time
 
 from ..errors import LockTimeout, StorageError
+from .fsio import open_own
 
 TYPE_CHECKING = False  # not typing's: see cli.py
 if TYPE_CHECKING:
@@ -38,8 +41,8 @@ class LedgerLock:
 
     def acquire(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
+            fd = open_own(self.path, os.O_RDWR | os.O_CREAT)
+        except FileNotFoundError as exc:
             msg = f"cannot open lock file {self.path}: {exc.strerror or exc}"
             raise StorageError(msg) from exc
         # Deadline on the monotonic clock: a stepped wall clock must not shorten or
@@ -71,17 +74,23 @@ class LedgerLock:
         except BaseException:
             os.close(fd)
             raise
-        # Fixed width, so no truncation (a metadata write) is needed on each acquire.
-        os.pwrite(fd, f"{os.getpid():<20}\n".encode(), 0)
         self._fd = fd
 
     @staticmethod
     def _holder(fd: int) -> str:
+        """` by pid N` for the process holding the flock on `fd`'s file, from /proc/locks (Linux); else ""."""
+        info = os.fstat(fd)
+        inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
         try:
-            pid = os.pread(fd, 32, 0).decode().strip()
-        except (OSError, UnicodeDecodeError):
+            with open("/proc/locks", encoding="ascii", errors="replace") as handle:
+                rows = [line.split() for line in handle]
+        except OSError:
             return ""
-        return f" by pid {pid}" if pid.isdigit() else ""
+        for row in rows:
+            # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; waiters carry a "->" and are skipped.
+            if len(row) >= 6 and row[1] == "FLOCK" and row[5] == inode:
+                return f" by pid {row[4]}"
+        return ""
 
     def release(self) -> None:
         fd, self._fd = self._fd, None

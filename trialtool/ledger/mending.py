@@ -29,6 +29,9 @@ def roll_forward(state: TrialState, line: bytes, chain: audit.Chain, log_path: s
     if not isinstance(record, dict) or record.get("prev_hash") != head.head:
         msg = f"log {log_path}: a record beyond the state is not chained to it; run `trial-tool verify`"
         raise StateError(msg)
+    if record.get("trial_id") != state.trial_id:
+        msg = f"log {log_path} holds a record of another trial: two trials share this log; run `trial-tool verify`"
+        raise StateError(msg)
     after = records.apply(state.totals(), record)
     sequence = record.get("sequence")
     if after is not None and record.get("charged") is True and isinstance(sequence, int):

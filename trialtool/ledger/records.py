@@ -17,6 +17,8 @@ import base64
 import hashlib
 from typing import Any, NamedTuple
 
+from ..osio import os_bytes, shown
+
 RECORD_TYPE = "trial_tool_call"
 #: Record type of a log repair (a torn line cut off).
 REPAIR = "trial_tool_repair"
@@ -56,13 +58,21 @@ def apply(totals: Totals, record: dict[str, Any]) -> Totals | None:
     return None
 
 
+def command_fields(argv: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`command` as text every strict JSON parser reads, and `command_b64`, its exact bytes, where they differ."""
+    fields: dict[str, Any] = {"command": [shown(arg) for arg in argv]}
+    if fields["command"] != list(argv):
+        fields["command_b64"] = [base64.b64encode(os_bytes(arg)).decode("ascii") for arg in argv]
+    return fields
+
+
 def _base(trial_id: str, sequence: int, command: list[str], status: str) -> dict[str, Any]:
     return {
         "record_type": RECORD_TYPE,
         "record_version": RECORD_VERSION,
         "trial_id": trial_id,
         "sequence": sequence,
-        "command": command,
+        **command_fields(command),
         "status": status,
     }
 
@@ -213,6 +223,7 @@ __all__ = [
     "abandoned",
     "apply",
     "call",
+    "command_fields",
     "refusal",
     "repair",
     "whole",

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from ..errors import StateError
 from ..limits import Limits, from_state
+from ..osio import plain
 from . import audit, clock
 from .records import Totals
 
@@ -171,11 +172,12 @@ def _document(raw: bytes, path: str, chain: audit.Chain) -> dict[str, Any]:
         msg = f"state {path} is not valid JSON (corrupt or truncated): {exc}"
         raise StateError(msg) from exc
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        found = f"schema is {data.get('schema')!r}" if isinstance(data, dict) else type(data).__name__
-        msg = f"state {path} is not a trialtool state: {found}, expected an object of schema {SCHEMA!r}"
+        found = f"schema is {plain(data.get('schema'))}" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        msg = f"state {path} is not a trialtool state: {found}, expected an object of schema {plain(SCHEMA)}"
         raise StateError(msg + "; run `trial-tool verify`")
     if data.get("version") != VERSION:
-        msg = f"state {path} has schema version {data.get('version')!r}; this trial-tool reads version {VERSION} only"
+        found = plain(data.get("version"))
+        msg = f"state {path} has schema version {found}; this trial-tool reads version {VERSION} only"
         raise StateError(msg)
     if data.get("chain") != chain.name:
         if data.get("chain") == "hmac-sha256":
@@ -201,11 +203,11 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
     for key in ("calls", "emitted_tokens", "refused_calls"):
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad(f"{key} is {value!r}, expected a non-negative integer")
+            raise bad(f"{key} is {plain(value)}, expected a non-negative integer")
     for key in ("started_at", "elapsed_seconds"):
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise bad(f"{key} is {value!r}, expected a non-negative number")
+            raise bad(f"{key} is {plain(value)}, expected a non-negative number")
     if not isinstance(data.get("trial_id"), str) or not isinstance(data.get("started_at_utc"), str):
         raise bad("trial_id or started_at_utc is missing")
     try:
@@ -253,7 +255,7 @@ def check_against_log(state: TrialState, last: dict[str, Any] | None, path: str)
     """The state's counters must be those the last record states (or zero for an empty log)."""
     expected = state.totals().as_json()
     stated = last.get("ledger_after") if last is not None else Totals().as_json()
-    if last is not None and last.get("trial_id") not in (None, state.trial_id):
+    if last is not None and last.get("trial_id") != state.trial_id:
         msg = f"state {path} and its log belong to different trials; run `trial-tool verify`"
         raise StateError(msg)
     if stated != expected:

@@ -75,14 +75,14 @@ class Store:
         return tail
 
     def new_state(self, limits: Limits) -> TrialState:
-        """A new trial's state, refused over a log that already has records."""
+        """A new trial's state, refused over a log that already has records (or is not a plain file)."""
+        fsio.check_regular(self.log_path)
         if os.path.exists(self.log_path) and os.path.getsize(self.log_path) > 0:
             msg = (
                 f"log {self.log_path} already has records but there is no state {self.state_path}: "
                 "refusing to start a trial over another trial's log"
             )
             raise StateError(msg)
-        fsio.ensure_directory(os.path.dirname(self.log_path) or ".")
         return TrialState.new(limits, self.chain)
 
     def open(self, overrides: dict[str, Any], *, create: bool) -> TrialState:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..errors import StorageError
-from ..fdio import write_all
+from ..osio import write_all
 
 TYPE_CHECKING = False  # not typing's: see cli.py
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import os
 import sys
 
 from ..errors import StorageError, TrialToolError
-from ..fdio import ensure_directory, write_all
+from ..osio import require_directory, write_all
 from .capture import open_unlinked
 
 TYPE_CHECKING = False
@@ -52,7 +52,7 @@ class Launcher:
         self.spools: tuple[int, int] | None = None
 
     def __enter__(self) -> Launcher:
-        ensure_directory(self.spool_dir)
+        require_directory(self.spool_dir)
         # The spools are opened before the fork, so that both sides share them.
         try:
             self.spools = (open_unlinked(self.spool_dir), open_unlinked(self.spool_dir))
@@ -113,11 +113,16 @@ class Launcher:
         *,
         deadline: float,
         limits: Limits,
+        started: float | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         interrupt_fd: int | None = None,
     ) -> Outcome:
-        """Run `argv` until it exits, reaches `deadline` (monotonic), passes a limit, or is interrupted."""
+        """Run `argv` until it exits, reaches `deadline` (monotonic), passes a limit, or is interrupted.
+
+        `started` is when the call's clock started (monotonic; default now): the
+        outcome's `elapsed` counts from it, so that it compares with the deadline.
+        """
         import json
 
         from .outcome import outcome
@@ -125,7 +130,16 @@ class Launcher:
         assert self.spools is not None and self.pid > 0, "run() once, inside the with block"
         # The fields of running.Spec, which only the supervisor imports (it pulls in
         # the cgroup code, which this side never needs).
-        orders = {"argv": argv, "cwd": cwd, "env": env, "deadline": deadline, "limits": limits._asdict()}
+        import time
+
+        orders = {
+            "argv": argv,
+            "cwd": cwd,
+            "env": env,
+            "started": time.monotonic() if started is None else started,
+            "deadline": deadline,
+            "limits": limits._asdict(),
+        }
         write_all(self._control_w, json.dumps(orders).encode() + b"\n")
         result = self._wait(interrupt_fd)
         if "fatal" in result:

@@ -39,7 +39,9 @@ class Spec(NamedTuple):
     argv: list[str]
     cwd: str | None
     env: dict[str, str] | None
-    #: time.monotonic() value at which the command is stopped (the clock is system wide).
+    #: time.monotonic() values (the clock is system wide): when the call's clock started,
+    #: and when the command is stopped. The command's `elapsed` counts from the first.
+    started: float
     deadline: float
     #: The trial's pinned limits: the capture cap, the kill grace and the resource limits.
     limits: Limits
@@ -117,7 +119,6 @@ def supervise(
         base: dict[str, Any] = {
             "containment": {**group.describe(limits.max_procs, limits.max_memory), "subreaper": subreaper}
         }
-        started = time.monotonic()
         try:
             # Nothing to do between fork and exec (the usual case): the faster posix_spawn.
             plain = not rlimits and not group.child_must_join()
@@ -128,7 +129,7 @@ def supervise(
             if exc.errno in _NOT_EXECUTABLE:
                 return {**base, "ended": "not_executable", "error": exc.strerror}
             raise
-        watch = _Watch(spec, child, spools, control_fd, signals, group, started)
+        watch = _Watch(spec, child, spools, control_fd, signals, group, spec.started)
         return {**base, **watch.run(subreaper)}
     finally:
         group.remove()

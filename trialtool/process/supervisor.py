@@ -22,8 +22,8 @@ import signal
 import sys
 from typing import Any, NamedTuple, NoReturn
 
-from ..fdio import write_all
 from ..limits import Limits
+from ..osio import write_all
 from . import reaper
 from .capture import Spool
 from .cgroups import CallGroup
@@ -144,7 +144,14 @@ def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, rea
         if orders is None:
             ready.group.remove()
             os._exit(0)  # the call was refused or failed before it started
-        spec = Spec(orders["argv"], orders["cwd"], orders["env"], orders["deadline"], Limits(**orders["limits"]))
+        spec = Spec(
+            orders["argv"],
+            orders["cwd"],
+            orders["env"],
+            orders["started"],
+            orders["deadline"],
+            Limits(**orders["limits"]),
+        )
         cap = spec.limits.max_capture_bytes
         spools = (Spool(spool_fds[0], cap), Spool(spool_fds[1], cap))
         result = supervise(spec, spools, control_fd, ready.signals, ready.subreaper, ready.group)

@@ -1,0 +1,108 @@
+"""trial-tool's own files: links are not followed, FIFOs never block, a log holds one trial, verify says what mends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TrialFiles, strict_records
+from trialtool.ledger.verify import verify
+
+
+def one_line(done: subprocess.CompletedProcess[bytes]) -> str:
+    text = done.stderr.decode()
+    assert text.startswith("trial-tool: ") and text.count("\n") == 1, text
+    return text
+
+
+@pytest.mark.parametrize("which", ["state", "log", "lock"])
+def test_a_link_in_place_of_a_file_is_refused_and_its_target_untouched(trial: TrialFiles, which: str) -> None:
+    outside = trial.root / "outside.txt"
+    outside.write_bytes(b"precious\n")
+    path = {"state": trial.state, "log": trial.log, "lock": Path(f"{trial.state}.lock")}[which]
+    path.symlink_to(outside)
+    done = trial.call("true")
+    assert done.returncode == 125 and "symbolic link" in one_line(done)
+    assert outside.read_bytes() == b"precious\n"
+
+
+def test_a_dangling_link_as_the_lock_creates_nothing(trial: TrialFiles) -> None:
+    target = trial.root / "not-there"
+    Path(f"{trial.state}.lock").symlink_to(target)
+    done = trial.call("true")
+    assert done.returncode == 125 and "symbolic link" in one_line(done)
+    assert not target.exists() and not trial.state.exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("which", ["state", "log", "lock"])
+def test_a_fifo_in_place_of_a_file_is_refused_at_once(trial: TrialFiles, which: str) -> None:
+    path = {"state": trial.state, "log": trial.log, "lock": Path(f"{trial.state}.lock")}[which]
+    os.mkfifo(path)
+    marker = trial.root / "ran"
+    done = trial.call("touch", str(marker), timeout=30)
+    assert done.returncode == 125 and "a FIFO, not a regular file" in one_line(done)
+    assert not marker.exists()
+    if which == "state":
+        checked = trial.cli("verify", "--state", str(trial.state), "--log", str(trial.log), timeout=30)
+        assert checked.returncode == 1 and b"a FIFO" in checked.stdout
+
+
+def test_two_trials_cannot_share_a_log(trial: TrialFiles) -> None:
+    other = trial.root / "other.json"
+    for state in (trial.state, other):
+        done = trial.cli("init", "--state", str(state), "--log", str(trial.log))
+        assert done.returncode == 0
+    assert trial.call("echo", "first").returncode == 0
+    before = trial.snapshot()
+    done = trial.cli("--state", str(other), "--log", str(trial.log), "--", "echo", "second")
+    assert done.returncode == 125 and "another trial" in one_line(done)
+    assert trial.snapshot() == before  # the loser adopted nothing; its command never ran
+    assert verify(trial.state, trial.log).ok
+    report = verify(other, trial.log)
+    assert not report.ok and any("another trial" in p.message for p in report.problems)
+
+
+def test_verify_calls_a_crash_one_record_behind_recoverable(trial: TrialFiles, tmp_path: Path) -> None:
+    assert trial.call("echo", "first").returncode == 0
+    reserved = json.loads(trial.state.read_text())
+    assert trial.call("echo", "second").returncode == 0
+    # As if trial-tool died between appending call 2's record and replacing its state.
+    reserved["calls"] = 2
+    reserved["in_flight"] = {"2": {"pid": 1, "pid_token": "gone", "allowance": 5000, "command": ["echo", "second"]}}
+    trial.state.write_text(json.dumps(reserved))
+    done = trial.cli("verify", "--state", str(trial.state), "--log", str(trial.log))
+    assert done.returncode == 0, done.stdout
+    assert b"recoverable: the log is one record ahead of the state" in done.stdout
+    assert trial.call("echo", "third").returncode == 0  # rolled forward, as verify said
+    assert verify(trial.state, trial.log).recoverable == []
+
+
+def test_verify_calls_a_torn_last_line_recoverable(trial: TrialFiles) -> None:
+    assert trial.call("echo", "first").returncode == 0
+    with trial.log.open("ab") as handle:
+        handle.write(b'{"record_type":"trial_tool_call","seq')
+    report = verify(trial.state, trial.log)
+    assert report.ok and "torn" in report.recoverable[0]
+
+
+@pytest.mark.timeout(60)
+def test_a_lock_timeout_names_the_process_that_holds_the_lock(trial: TrialFiles) -> None:
+    assert trial.call("true").returncode == 0
+    lock = Path(f"{trial.state}.lock")
+    holder = subprocess.Popen(["flock", "-x", str(lock), "-c", "echo locked; exec sleep 60"], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"  # the event: it holds the lock
+        done = trial.call("true", flags=("--lock-timeout", "0.3"))
+        assert done.returncode == 125 and f"held by pid {holder.pid}" in one_line(done)
+    finally:
+        holder.kill()
+        holder.wait()
+        assert holder.stdout is not None
+        holder.stdout.close()
+    assert lock.read_bytes() == b""  # nothing written into the lock file by anyone
+    assert [row["status"] for row in strict_records(trial.log)] == ["ok"]

@@ -1,0 +1,97 @@
+"""The small OS chores every room shares: write a whole buffer, make a directory, and OS text.
+
+OS text: arguments, paths and environment values may hold any bytes but NUL.
+Python hands them over as str with undecodable bytes as surrogate escapes
+(PEP 383); `os_text` checks that a value can go back out to the OS, `os_bytes`
+gives its bytes, and `shown` gives text that a strict JSON parser and a person
+can read (U+FFFD where the bytes are not UTF-8). The audit log records such a
+value with `shown` beside a base64 twin of its exact bytes.
+
+Kept apart from ledger/fsio.py (durable writes of the trial's files) because
+the process room and the front doors need these too, and must not depend on
+the ledger for them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import StorageError, UsageError
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd` (os.write may take only part of it); OSError as os.write raises it."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def ensure_directory(directory: str) -> None:
+    """Create `directory` and its parents if missing; StorageError naming it if that fails."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        msg = f"cannot create directory {directory}: {exc.strerror or exc}"
+        raise StorageError(msg) from exc
+
+
+def require_directory(directory: str) -> None:
+    """StorageError unless `directory` exists: only `init` makes a trial's directories, so a typo fails here."""
+    if not os.path.isdir(directory):
+        msg = (
+            f"directory {shown(directory)} does not exist: create it, "
+            "or create the trial with `trial-tool init`, which makes it"
+        )
+        raise StorageError(msg)
+
+
+def os_text(value: object, what: str) -> str:
+    """`value` if the OS can take it as an argument, a path or an environment value; else UsageError.
+
+    Any bytes but NUL can be passed: text from the OS arrives with undecodable
+    bytes as surrogate escapes (PEP 383) and goes back out as those bytes. A
+    lone surrogate that stands for no byte (from JSON, say) cannot.
+    """
+    if not isinstance(value, str):
+        msg = f"{what} must be a string, not {type(value).__name__}"
+        raise UsageError(msg)
+    if "\0" in value:
+        msg = f"{what} holds a NUL character, which no command can receive"
+        raise UsageError(msg)
+    try:
+        value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        msg = f"{what} holds a lone surrogate (not a character, and no byte): {plain(value)}"
+        raise UsageError(msg) from None
+    return value
+
+
+def plain(value: object) -> str:
+    """A value as a message shows it: numbers without exponents or a needless `.0`, the rest as JSON would."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
+        return str(int(value))
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, str):
+        import json
+
+        return json.dumps(shown(value), ensure_ascii=False)  # quoted, control characters escaped
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return f"a {type(value).__name__}"
+
+
+def os_bytes(value: str) -> bytes:
+    """The bytes the OS gets for `value` (surrogate escapes back to their bytes; a lone surrogate as '?')."""
+    try:
+        return value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "replace")
+
+
+def shown(value: str) -> str:
+    """`value` as text a person or a strict JSON parser can take: bytes that are not UTF-8 become U+FFFD."""
+    return value if value.isascii() else os_bytes(value).decode("utf-8", "replace")
+
+
+__all__ = ["ensure_directory", "os_bytes", "os_text", "plain", "require_directory", "shown", "write_all"]
