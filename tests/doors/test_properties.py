@@ -146,6 +146,25 @@ def test_api(command: Any, env: Any, cwd: Any, timeout: Any, limits: dict[str, A
             assert not files.log.exists()
 
 
+@SLOW
+@given(state_kind=FILE_KINDS, log_kind=FILE_KINDS, made=st.booleans())
+def test_reading_commands_change_nothing(state_kind: str, log_kind: str, made: bool) -> None:
+    with scratch() as files:
+        if made:
+            assert files.call("true").returncode == 0
+        else:
+            make(files.state, state_kind)
+            make(files.log, log_kind)
+        before = sorted(path.name for path in files.root.iterdir())
+        contents = files.snapshot() if "fifo" not in (state_kind, log_kind) or made else None
+        for command in ("status", "verify"):
+            done = files.cli(command, "--state", str(files.state), "--log", str(files.log), timeout=30)
+            assert done.returncode in (0, 1, 125) and b"Traceback" not in done.stderr
+        assert sorted(path.name for path in files.root.iterdir()) == before
+        if contents is not None:
+            assert files.snapshot() == contents
+
+
 REQUESTS = st.one_of(
     st.builds(
         lambda ident, command, env, cwd: {"id": ident, "method": "run", "params": {"command": command, **env, **cwd}},

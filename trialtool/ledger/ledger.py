@@ -126,7 +126,7 @@ class Ledger:
 
     def status(self) -> TrialState:
         """The state as a reader sees it now, with the trial time brought up to date; nothing is created."""
-        if not os.path.lexists(self.state_path):
+        if self.store.load() is None:  # also refuses an odd or corrupt state before the lock file is made
             msg = f"no trial at {self.state_path}: create it with `trial-tool init` or a first call"
             raise StateError(msg)
         with self._lock():
