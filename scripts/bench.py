@@ -151,6 +151,39 @@ def stopping(tool: str, work: Path, python: str, no_output: float, runs: int = 5
         )
 
 
+def memory_figures(tool: str, work: Path, python: str) -> None:
+    """Peak RSS of one CLI call that captures 32 MiB of text, and its wall time."""
+    text = work / "thirty-two-mib.txt"
+    line = "The quick brown fox 0123456789 日本語 😀 jumps over the lazy dog\n".encode()
+    text.write_bytes((line * ((32 << 20) // len(line) + 1))[: 32 << 20])
+    code = (
+        "import resource, subprocess, sys, time\n"
+        "t = time.perf_counter()\n"
+        "subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, time.perf_counter() - t)\n"
+    )
+    state, log = work / "memory.json", work / "memory.jsonl"
+    argv = [tool, "--state", str(state), "--log", str(log), "--max-capture-bytes", str(32 << 20)]
+    argv += ["--call-timeout", "600", "--", "cat", str(text)]
+    done = subprocess.run([python, "-c", code, *argv], capture_output=True, text=True, check=True)
+    peak, seconds = map(float, done.stdout.split())
+    encoder = subprocess.run(
+        [
+            python,
+            "-c",
+            "import resource; from trialtool import tokens; tokens.RankFile(tokens.locate()).encoder();"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    print(
+        f"\nmemory: a CLI call capturing 32 MiB of text peaks at {peak:.0f} MB RSS and takes {seconds:.1f} s "
+        f"(a process with just the encoder built: {float(encoder.stdout):.0f} MB)"
+    )
+
+
 def warm_figures(tool: str, python: str, runs: int) -> None:
     """Each warm front door against bare subprocess.run, in one process."""
     print("\nwarm front doors, `echo hello` (MCP: `sh -c 'echo hello'`, against the same bare), median ms:")
@@ -251,6 +284,7 @@ def main() -> int:
     )
     no_output = results["true (no output)"][1]
     warm_figures(tool, python, args.runs)
+    memory_figures(tool, work, python)
     stopping(tool, work, python, no_output)
     ledger_figures(tool, work, python)
     print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")

@@ -133,3 +133,52 @@ def test_special_token_text_is_ordinary_text(encoder: Any) -> None:
     out, _ = clipping.deliver(encoder, "<|endoftext|>", "", 100)
     assert out.text == "<|endoftext|>"
     assert out.tokens == len(encoder.encode_ordinary("<|endoftext|>")) > 1
+
+
+LETTERED = st.lists(st.one_of(chunk, st.sampled_from(["\nabc", "\nZ", ".\nx", "  \nq", "\n\nw"])), max_size=40).map(
+    "".join
+)
+
+
+@SETTINGS
+@given(text=LETTERED, window=st.integers(min_value=1, max_value=64))
+def test_windows_tokenize_as_the_whole(encoder: Any, text: str, window: int) -> None:
+    windows = list(clipping.pieces(text, window))
+    assert "".join(windows) == text
+    assert [t for w in windows for t in encoder.encode_ordinary(w)] == encoder.encode_ordinary(text)
+
+
+@SETTINGS
+@given(
+    data=st.lists(st.one_of(LETTERED.map(str.encode), st.binary(max_size=30)), max_size=8).map(b"".join),
+    cut=st.booleans(),
+    window=st.integers(min_value=1, max_value=64),
+)
+def test_windows_of_captured_bytes_decode_as_the_whole(data: bytes, cut: bool, window: int) -> None:
+    import codecs
+
+    whole = codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=not cut)
+    assert "".join(clipping.pieces(clipping.Captured(data, cut), window)) == whole
+
+
+@SETTINGS
+@given(stdout=LETTERED, stderr=LETTERED, allowance=allowances, mode=modes, window=st.integers(1, 48))
+def test_windowed_delivery_is_the_whole_texts_delivery(
+    encoder: Any, stdout: str, stderr: str, allowance: int, mode: str, window: int
+) -> None:
+    whole = clipping.deliver(encoder, stdout, stderr, allowance, mode, "[trial-tool: x]\n")
+    saved = clipping.CHUNK
+    clipping.CHUNK = window  # module state: restored below, and Hypothesis runs examples one at a time
+    try:
+        windowed = clipping.deliver(encoder, stdout, stderr, allowance, mode, "[trial-tool: x]\n")
+        captured = clipping.deliver(
+            encoder,
+            clipping.Captured(stdout.encode()),
+            clipping.Captured(stderr.encode()),
+            allowance,
+            mode,
+            "[trial-tool: x]\n",
+        )
+    finally:
+        clipping.CHUNK = saved
+    assert windowed == whole == captured

@@ -35,6 +35,7 @@ REFUSED = [
     ({"call_timeout": 0}, "--call-timeout must be between"),
     ({"call_timeout": 31 * 86_400}, "--call-timeout must be between"),
     ({"max_capture_bytes": 2 << 30}, "--max-capture-bytes must be between"),
+    ({"max_capture_bytes": (256 << 20) + 1}, "--max-capture-bytes must be between 1 and 268435456"),
     ({"max_memory": 1000}, "--max-memory must be between 1048576 and 1099511627776, not 1000"),
     ({"max_calls": 5e6}, "--max-calls must be between 1 and 1000000, not 5000000"),
     ({"max_calls": "12"}, '--max-calls must be a number, not "12"'),

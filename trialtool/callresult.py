@@ -57,6 +57,10 @@ class Interrupt(Protocol):
     def reason(self) -> str:
         """Why, for the agent's notice."""
 
+    @property
+    def delivers(self) -> bool:
+        """Whether the call's text still reaches the caller once it fired (else it is charged as nothing)."""
+
 
 def command_argv(command: list[str] | tuple[str, ...] | str) -> list[str]:
     """A command as argv: a string runs under /bin/sh -c, as a shell tool call would."""

@@ -9,7 +9,8 @@ Pure functions over an encoder with tiktoken's `encode_ordinary` and
   delivered for it, and the two streams together never exceed the allowance;
 * output within the allowance passes through unchanged.
 
-Each stream is tokenized once in full. Cutting at a token boundary and backing
+Each stream is tokenized once in full, window by window (`pieces`), keeping
+only the tokens of its two ends. Cutting at a token boundary and backing
 off to a character boundary can change how the cut text tokenizes (BPE is not
 prefix-stable at the edges), so every candidate is recounted, and shrunk until
 the recount fits; candidates are bounded by the allowance, not by the output.
@@ -17,10 +18,13 @@ the recount fits; candidates are bounded by the allowance, not by the output.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+import codecs
+import re
+from collections import deque
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
     from typing import Protocol
 
     class Encoder(Protocol):
@@ -47,31 +51,120 @@ class StreamDelivery(NamedTuple):
     clipped: bool
 
 
-class _Stream:
-    """A stream's text, its UTF-8 bytes and its tokens, computed once."""
+class Captured(NamedTuple):
+    """A stream as captured: its raw bytes, decoded with replacement (U+FFFD) where they are not UTF-8.
 
-    def __init__(self, encoder: Encoder, text: str) -> None:
-        self.text = text
-        self.data = text.encode("utf-8")
-        self.tokens = encoder.encode_ordinary(text) if text else []
+    `cut_at_cap`: the capture cap cut the stream, so a character it cut in half is
+    dropped rather than replaced: it is not a character the command printed.
+    """
+
+    data: bytes
+    cut_at_cap: bool = False
+
+
+#: Text is tokenized in windows of about this many characters or bytes, so that a
+#: large output never exists as one token list (docs/performance.md).
+CHUNK = 1 << 20
+_CUT_TEXT = re.compile(r"\n(?=[A-Za-z])")
+_CUT_DATA = re.compile(rb"\n(?=[A-Za-z])")
+
+
+def pieces(source: str | Captured, chunk: int | None = None) -> Iterator[str]:
+    """The text of `source` in windows whose tokens, concatenated, are the tokens of the whole.
+
+    A window ends after a newline that an ASCII letter follows: o200k_base's
+    pre-tokenizer always splits there (no pattern takes a newline and then a
+    letter), so no token spans the cut. Where no such point comes for a long
+    stretch the window simply grows. tests/test_clipping.py checks windows against
+    the whole on generated text.
+    """
+    chunk = CHUNK if chunk is None else chunk
+    if isinstance(source, str):
+        data: str | bytes = source
+        cut: re.Pattern[Any] = _CUT_TEXT
+    else:
+        data, cut = source.data, _CUT_DATA
+    decoder = None if isinstance(source, str) else codecs.getincrementaldecoder("utf-8")("replace")
+    start = 0
+    while start < len(data) or (start == 0 and not data):
+        found = cut.search(data, start + chunk) if len(data) - start > chunk else None
+        end = found.start() + 1 if found else len(data)
+        window = data[start:end]
+        last = end >= len(data)
+        if decoder is None:
+            yield str(window)
+        else:
+            assert isinstance(source, Captured) and isinstance(window, bytes)
+            yield decoder.decode(window, final=last and not source.cut_at_cap)
+        start = end
+        if last:
+            return
+
+
+class _Stream:
+    """A stream's token count, and the text and tokens of its head and tail: all that clipping reads.
+
+    Only the first and the last `keep` tokens (and one window) are held, however
+    long the stream; the whole text only when it is short enough to be delivered.
+    """
+
+    def __init__(self, encoder: Encoder, source: str | Captured, keep: int) -> None:
+        self.source = source
+        self.observed = 0
+        head: list[str] = []
+        head_tokens: list[int] = []
+        tail: deque[tuple[str, list[int]]] = deque()
+        tail_count = 0
+        self.complete = True
+        for window in pieces(source):
+            tokens = encoder.encode_ordinary(window) if window else []
+            self.observed += len(tokens)
+            if len(head_tokens) <= keep:
+                head.append(window)
+                head_tokens.extend(tokens)
+            else:
+                self.complete = False
+            tail.append((window, tokens))
+            tail_count += len(tokens)
+            while len(tail) > 1 and tail_count - len(tail[0][1]) >= keep:
+                tail_count -= len(tail.popleft()[1])
+        self._head_text = "".join(head)
+        self._head_data = self._head_text.encode("utf-8")
+        self._head_tokens = head_tokens
+        self._tail_data = "".join(window for window, _ in tail).encode("utf-8")
+        self._tail_tokens = [token for _, tokens in tail for token in tokens]
+        self._last = tail[-1] if tail else ("", [])
+
+    def text(self) -> str:
+        """The whole text (decoded once more if only its ends were kept: the rare case of a seam)."""
+        return self._head_text if self.complete else "".join(pieces(self.source))
+
+    def count_with(self, encoder: Encoder, suffix: str) -> int:
+        """Tokens of the whole text followed by `suffix` (only the last window is counted again)."""
+        if not suffix:
+            return self.observed
+        window, tokens = self._last
+        return self.observed - len(tokens) + _count(encoder, window + suffix)
 
     def head(self, encoder: Encoder, count: int) -> str:
         """The text of the first `count` tokens, cut back to a character boundary."""
         if count <= 0:
             return ""
-        end = len(encoder.decode_bytes(self.tokens[:count]))
-        while 0 < end < len(self.data) and self.data[end] & 0xC0 == 0x80:
+        data = self._head_data
+        end = len(encoder.decode_bytes(self._head_tokens[:count]))
+        while 0 < end < len(data) and data[end] & 0xC0 == 0x80:
             end -= 1  # inside a multi-byte character: cut before it
-        return self.data[:end].decode("utf-8")
+        return data[:end].decode("utf-8")
 
     def tail(self, encoder: Encoder, count: int) -> str:
         """The text of the last `count` tokens, cut forward to a character boundary."""
         if count <= 0:
             return ""
-        start = len(self.data) - len(encoder.decode_bytes(self.tokens[-count:]))
-        while start < len(self.data) and self.data[start] & 0xC0 == 0x80:
+        data = self._tail_data
+        start = len(data) - len(encoder.decode_bytes(self._tail_tokens[-count:]))
+        while start < len(data) and data[start] & 0xC0 == 0x80:
             start += 1
-        return self.data[start:].decode("utf-8")
+        return data[start:].decode("utf-8")
 
 
 def notice(omitted: int, total: int) -> str:
@@ -96,7 +189,7 @@ def _clip_head(encoder: Encoder, stream: _Stream, budget: int, suffix: str) -> t
 
 
 def _clip_headtail(encoder: Encoder, stream: _Stream, budget: int, suffix: str) -> tuple[str, int]:
-    total = len(stream.tokens)
+    total = stream.observed
     fixed = _count(encoder, notice(total, total) + suffix)
     if budget - fixed < 2:
         # Too small for a head, a tail and the notice: the head alone says more.
@@ -119,11 +212,10 @@ def _clip_headtail(encoder: Encoder, stream: _Stream, budget: int, suffix: str) 
 
 
 def _deliver_one(encoder: Encoder, stream: _Stream, budget: int, mode: str, suffix: str) -> StreamDelivery:
-    observed = len(stream.tokens)
-    whole = stream.text + suffix
-    whole_tokens = observed if not suffix else _count(encoder, whole)
+    observed = stream.observed
+    whole_tokens = stream.count_with(encoder, suffix)
     if whole_tokens <= budget:
-        return StreamDelivery(whole, whole_tokens, observed, False)
+        return StreamDelivery(stream.text() + suffix, whole_tokens, observed, False)
     clip = _clip_headtail if mode == "headtail" else _clip_head
     text, used = clip(encoder, stream, budget, suffix)
     return StreamDelivery(text, used, observed, True)
@@ -131,8 +223,8 @@ def _deliver_one(encoder: Encoder, stream: _Stream, budget: int, mode: str, suff
 
 def deliver(
     encoder: Encoder,
-    stdout: str,
-    stderr: str,
+    stdout: str | Captured,
+    stderr: str | Captured,
     allowance: int,
     mode: str = "headtail",
     stderr_suffix: str = "",
@@ -141,16 +233,17 @@ def deliver(
 
     When both do not fit, each stream is guaranteed half the allowance and a
     stream that needs less than half leaves the rest to the other, so stderr is
-    never starved by a verbose stdout.
+    never starved by a verbose stdout. A stream may be given as text or as the
+    bytes captured; either way only its ends are held in tokens (`_Stream`).
     """
-    out = _Stream(encoder, stdout)
-    err = _Stream(encoder, stderr)
-    out_need = len(out.tokens)
-    err_need = len(err.tokens) if not stderr_suffix else _count(encoder, stderr + stderr_suffix)
+    out = _Stream(encoder, stdout, allowance)
+    err = _Stream(encoder, stderr, allowance)
+    out_need = out.observed
+    err_need = err.count_with(encoder, stderr_suffix)
     if out_need + err_need <= allowance:
         return (
-            StreamDelivery(stdout, out_need, out_need, False),
-            StreamDelivery(stderr + stderr_suffix, err_need, len(err.tokens), False),
+            StreamDelivery(out.text(), out_need, out_need, False),
+            StreamDelivery(err.text() + stderr_suffix, err_need, err.observed, False),
         )
     half = allowance // 2
     if err_need <= half:
@@ -164,4 +257,4 @@ def deliver(
     return delivered_out, delivered_err
 
 
-__all__ = ["StreamDelivery", "deliver", "notice"]
+__all__ = ["CHUNK", "Captured", "StreamDelivery", "deliver", "notice", "pieces"]

@@ -8,7 +8,6 @@ reservation. It reads no file and takes no lock; the ledger commits the record.
 from __future__ import annotations
 
 import base64
-import codecs
 import hashlib
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -30,16 +29,6 @@ class Delivery(NamedTuple):
     record: dict[str, Any]
 
 
-def _decode(data: bytes, cut_at_cap: bool) -> str:
-    """UTF-8 with replacement; a sequence cut by the capture cap is dropped, not replaced.
-
-    A command's own invalid bytes become U+FFFD (they are what it printed); half a
-    character that only our cap cut off would be a character it never printed.
-    """
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    return decoder.decode(data, final=not cut_at_cap)
-
-
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -51,23 +40,34 @@ def deliver(
     verdict: tuple[str, int, str],
     rank_path: str,
     started_wall: float,
+    *,
+    withheld: bool = False,
 ) -> Delivery:
-    """Clip the outcome's streams (and trial-tool's notice) to the allowance; the record of it all."""
+    """Clip the outcome's streams (and trial-tool's notice) to the allowance; the record of it all.
+
+    `withheld`: the caller gave up on the call, so nothing is delivered and no
+    token charged; what the command printed is still counted (`observed_*`).
+    """
     status, exit_code, notice = verdict
     limits = reservation.limits
     stdout_cut = outcome.stdout_bytes > limits.max_capture_bytes
     stderr_cut = outcome.stderr_bytes > limits.max_capture_bytes
-    stdout_text = _decode(outcome.stdout, stdout_cut)
-    stderr_text = _decode(outcome.stderr, stderr_cut)
-    if notice and stderr_text and not stderr_text.endswith("\n"):
+    if notice and outcome.stderr and not outcome.stderr.endswith(b"\n"):
         # The notice starts a line of its own; a newline the agent pays for only where one is missing.
         notice = "\n" + notice
-    if stdout_text or stderr_text or notice:
+    if outcome.stdout or outcome.stderr or notice:
         encoder = tokens.verified(rank_path).encoder()
-        out, err = clipping.deliver(encoder, stdout_text, stderr_text, reservation.allowance, limits.clip, notice)
+        # The captured bytes, not decoded text: clipping decodes them window by window, replacing
+        # a command's own invalid bytes with U+FFFD and dropping half a character our cap cut off.
+        stdout = clipping.Captured(outcome.stdout, stdout_cut)
+        stderr = clipping.Captured(outcome.stderr, stderr_cut)
+        out, err = clipping.deliver(encoder, stdout, stderr, reservation.allowance, limits.clip, notice)
     else:
         # Nothing printed: nothing to count, and the encoder is never built.
         out = err = clipping.StreamDelivery("", 0, 0, False)
+    if withheld:
+        out = out._replace(text="", tokens=0, clipped=False)
+        err = err._replace(text="", tokens=0, clipped=False)
     clipped = out.clipped or err.clipped
     if clipped and status == "ok":
         status = "truncated"
@@ -78,7 +78,7 @@ def deliver(
         sequence=reservation.sequence,
         command=argv,
         status=status,
-        complete_delivery=ran_to_end and not (clipped or stdout_cut or stderr_cut),
+        complete_delivery=ran_to_end and not (clipped or stdout_cut or stderr_cut or withheld),
         stdout_b64=base64.b64encode(outcome.stdout).decode("ascii"),
         stderr_b64=base64.b64encode(outcome.stderr).decode("ascii"),
         stdout_bytes=outcome.stdout_bytes,
@@ -124,6 +124,8 @@ def deliver(
         cpu_system_seconds=outcome.cpu_system,
         containment=outcome.containment,
     )
+    if withheld:
+        record["withheld"] = True
     return Delivery(out, err, status, record)
 
 

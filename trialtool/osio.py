@@ -15,8 +15,13 @@ the ledger for them.
 from __future__ import annotations
 
 import os
+import sys
 
 from .errors import StorageError, UsageError
+
+TYPE_CHECKING = False  # typing's own is an import before the CLI's fork (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -33,6 +38,30 @@ def ensure_directory(directory: str) -> None:
     except OSError as exc:
         msg = f"cannot create directory {directory}: {exc.strerror or exc}"
         raise StorageError(msg) from exc
+
+
+_LIBC: list[Any] = []
+_PR_SET_DUMPABLE = 4
+
+
+def prctl(option: int, value: int, *, load_only: bool = False) -> bool:
+    """prctl(2) on Linux (the C library loaded once per process); False elsewhere or on failure."""
+    if not sys.platform.startswith("linux"):
+        return False
+    if not _LIBC:
+        import ctypes
+
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return not load_only and _LIBC[0].prctl(option, value, 0, 0, 0) == 0
+
+
+def make_undumpable() -> bool:
+    """Make this process non-dumpable (Linux): a process of the same non-root user can then neither
+    ptrace it nor open its /proc/PID/fd, so a command cannot reach trial-tool's descriptors that way.
+
+    Commands are not affected: exec makes a program dumpable again.
+    """
+    return prctl(_PR_SET_DUMPABLE, 0)
 
 
 def require_directory(directory: str) -> None:
@@ -94,4 +123,14 @@ def shown(value: str) -> str:
     return value if value.isascii() else os_bytes(value).decode("utf-8", "replace")
 
 
-__all__ = ["ensure_directory", "os_bytes", "os_text", "plain", "require_directory", "shown", "write_all"]
+__all__ = [
+    "ensure_directory",
+    "make_undumpable",
+    "os_bytes",
+    "os_text",
+    "plain",
+    "prctl",
+    "require_directory",
+    "shown",
+    "write_all",
+]

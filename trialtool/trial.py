@@ -301,7 +301,11 @@ class Trial:
             interrupt=interrupt,
         )
         assert self._rank_path is not None  # set by the reservation's preflight
-        out, err, status, record = deliver(outcome, reservation, argv, judged, self._rank_path, started_wall)
+        # A caller that gave up on the call (a cancelled task or request) receives nothing: nothing is charged.
+        withheld = interrupt is not None and interrupt.signum is not None and not interrupt.delivers
+        out, err, status, record = deliver(
+            outcome, reservation, argv, judged, self._rank_path, started_wall, withheld=withheld
+        )
         state = self.ledger.commit(reservation, record)
         return CallResult(
             sequence=reservation.sequence,

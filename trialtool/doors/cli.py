@@ -20,7 +20,7 @@ import os
 import sys
 
 from ..errors import StorageError, TrialToolError, UsageError
-from ..osio import plain
+from ..osio import make_undumpable, plain
 from .options import SUBCOMMANDS, Arguments, overrides, parse, quick, split
 
 TYPE_CHECKING = False  # typing's own costs an import before the fork; mypy reads any TYPE_CHECKING as true
@@ -90,6 +90,9 @@ def _call(args: Arguments, tool_argv: list[str]) -> int:
     # Fork the call's supervisor now, so that it gets ready (prctl, cgroup) while
     # this process imports the rest of trialtool and reserves the call.
     with Launcher(os.path.dirname(os.path.abspath(args.state))) as launcher:
+        # After the fork, so that the supervisor gets ready meanwhile; before the command
+        # starts, so that it cannot open this process's stdout through /proc.
+        make_undumpable()
         from ..process import environment
         from ..process.interrupts import InterruptWatch
         from ..trial import use_launcher
@@ -116,6 +119,7 @@ def _call(args: Arguments, tool_argv: list[str]) -> int:
 
 
 def _serve(args: Arguments) -> int:
+    make_undumpable()  # no command may open the protocol's descriptors through /proc
     if args.max_concurrent < 1:
         raise UsageError("--max-concurrent must be at least 1")
     trial = _trial(args)

@@ -103,7 +103,8 @@ class Server:
         self._write_lock = threading.Lock()
         self._out_fd = -1
         self._client_gone = False
-        self._stop = Cancellation("trial-tool serve was told to stop")
+        # Calls stopped by a signal to the server are still answered: their text is delivered.
+        self._stop = Cancellation("trial-tool serve was told to stop", delivers=True)
 
     # -- output ----------------------------------------------------------------
 

@@ -31,6 +31,8 @@ import struct
 import sys
 import threading
 
+from ..osio import make_undumpable
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
@@ -260,6 +262,7 @@ def serve(fd: int) -> None:
 
     # Imported and loaded once here, so that no supervisor pays for it.
     supervisor.preload()
+    make_undumpable()
     server = _Server(fd)
     server.loop()
     server.shut_down()

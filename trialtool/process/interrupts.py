@@ -19,6 +19,9 @@ CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 class InterruptWatch:
     """While entered, the first of SIGINT/SIGTERM/SIGHUP is kept in `signum` and wakes `fd`."""
 
+    #: The CLI writes an interrupted call's text before it exits: it is delivered.
+    delivers = True
+
     def __init__(self) -> None:
         self.signum: int | None = None
         self.fd = -1
@@ -60,11 +63,15 @@ class Cancellation:
     Same interface as InterruptWatch: `fd` becomes readable and `signum` is set
     (SIGTERM: the caller asked the call to end) once `cancel()` is called. The
     descriptor is never drained, so one Cancellation can stop many calls at once.
+    `delivers` says whether the stopped calls' text still reaches the caller.
     """
 
-    def __init__(self, reason: str = "the call was cancelled") -> None:
+    def __init__(self, reason: str = "the call was cancelled", *, delivers: bool = False) -> None:
         self.signum: int | None = None
         self.reason = reason
+        #: False (the default) when the caller gives up on the result: an asyncio task
+        #: cancelled, an MCP request cancelled. Such a call is charged, with nothing delivered.
+        self.delivers = delivers
         self.fd, self._write_fd = os.pipe()
 
     def cancel(self) -> None:

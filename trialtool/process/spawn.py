@@ -67,6 +67,44 @@ def _resolve(program: str, env: dict[str, str] | None) -> str:
     raise OSError(number, os.strerror(number), program)
 
 
+def _open_descriptors() -> list[int]:
+    """This process's open descriptors (from /proc/self/fd, else /dev/fd, else a scan)."""
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return sorted(int(name) for name in os.listdir(listing))
+        except OSError:
+            continue
+    import resource
+
+    limit = min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 1 << 16)
+    found = []
+    for fd in range(limit):
+        try:
+            os.fstat(fd)
+            found.append(fd)
+        except OSError:
+            continue
+    return found
+
+
+def close_on_exec_all() -> None:
+    """Mark every descriptor but 0, 1 and 2 close-on-exec, so that the command starts with exactly those.
+
+    Whatever this process holds (spools, the result and stop channels received
+    from a fork server, descriptors the caller left open, the selector's epoll)
+    must not reach the command, which could read a stop request meant for the
+    supervisor or write forged results. Runs in the supervisor, which exists for
+    this one command and keeps using its own descriptors (close-on-exec only
+    matters at the command's exec).
+    """
+    for fd in _open_descriptors():
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass  # closed meanwhile (the listing's own descriptor)
+
+
 def spawn(
     argv: list[str],
     *,
@@ -79,6 +117,7 @@ def spawn(
     Without `before_exec` this uses posix_spawn and changes the calling process's
     working directory to `cwd`: call it only from a process that runs one command.
     """
+    close_on_exec_all()
     if before_exec is None and hasattr(os, "posix_spawn"):
         return _posix_spawn(argv, cwd, env)
     out_r, out_w = os.pipe()
@@ -157,4 +196,4 @@ def _posix_spawn(argv: list[str], cwd: str | None, env: dict[str, str] | None) -
 #: those the supervisor catches (caught ones are reset by exec anyway).
 _DEFAULTED = tuple(sorted({*_RESTORE, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}, key=int))
 
-__all__ = ["Child", "spawn"]
+__all__ = ["Child", "close_on_exec_all", "spawn"]

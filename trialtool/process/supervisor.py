@@ -23,7 +23,7 @@ import sys
 from typing import Any, NamedTuple, NoReturn
 
 from ..limits import Limits
-from ..osio import write_all
+from ..osio import make_undumpable, prctl, write_all
 from . import reaper
 from .capture import Spool
 from .cgroups import CallGroup
@@ -33,31 +33,11 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def _prctl(option: int, value: int) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    return bool(_libc().prctl(option, value, 0, 0, 0) == 0)
-
-
-_LIBC: Any = None
-
-
-def _libc() -> Any:
-    """The C library, loaded once per process (the fork server loads it for all its supervisors)."""
-    global _LIBC
-    if _LIBC is None:
-        import ctypes
-
-        _LIBC = ctypes.CDLL(None, use_errno=True)
-    return _LIBC
-
-
 def preload() -> None:
     """Import and load now what every supervisor needs, for a process that forks many (forkserver.py)."""
     import hashlib  # noqa: F401  (the spools hash what they keep)
 
-    if sys.platform.startswith("linux"):
-        _libc()
+    prctl(0, 0, load_only=True)
 
 
 class _Ready(NamedTuple):
@@ -71,8 +51,15 @@ class _Ready(NamedTuple):
 def _get_ready(parent_pid: int) -> _Ready:
     """Signals, subreaper, death signal and the call's cgroup: everything that needs no orders."""
     signals = Signals(parent_pid)
-    subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    # The caller's stdin, stdout and stderr stay the caller's: a command that opens
+    # /proc/PPID/fd/1 finds /dev/null here (and, non-dumpable, not even that).
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    make_undumpable()
+    subreaper = prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent_pid:
         os._exit(1)  # the parent died before the death signal was armed; nothing was started
     # TRIALTOOL_CGROUPS=off forces the fallbacks (subreaper sweep, rlimits): for tests, and
