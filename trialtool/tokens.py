@@ -107,15 +107,10 @@ class RankFile:
     def __init__(self, path: str) -> None:
         self.path = path
         try:
-            # A link is fine (the user names this file); a FIFO or a directory is not.
-            data = fsio.read_bytes(path, follow=True)
+            self._data = fsio.read_input(path)
         except StorageError as exc:
             msg = f"cannot read o200k_base rank file: {exc.message}; {_FIX}"
             raise EncoderError(msg) from exc
-        if data is None:
-            msg = f"o200k_base rank file {path} does not exist; {_FIX}"
-            raise EncoderError(msg)
-        self._data = data
         digest = hashlib.sha256(self._data).hexdigest()
         if digest != EXPECTED_SHA256:
             msg = f"o200k_base rank file {path} has sha256 {digest}, expected {EXPECTED_SHA256}; {_FIX}"

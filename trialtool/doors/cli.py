@@ -40,18 +40,13 @@ EXIT_VERIFY_FAILED = 1
 def _key(args: Arguments) -> bytes | None:
     """The ledger key from --key-file or the environment; at least 16 bytes."""
     if args.key_file is not None:
-        from ..ledger.fsio import read_bytes
+        from ..ledger.fsio import read_input
 
         try:
-            # A link is fine (secrets mounts use them); a FIFO or a directory is not.
-            data = read_bytes(args.key_file, follow=True)
+            key = read_input(args.key_file).rstrip(b"\r\n")
         except StorageError as exc:
             msg = f"cannot read --key-file: {exc.message}"
             raise UsageError(msg) from exc
-        if data is None:
-            msg = f"cannot read --key-file {args.key_file}: it does not exist"
-            raise UsageError(msg)
-        key = data.rstrip(b"\r\n")
     else:
         value = os.environ.get(KEY_ENV)
         if not value:

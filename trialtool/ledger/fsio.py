@@ -99,6 +99,16 @@ def read_bytes(path: str, *, follow: bool = False) -> bytes | None:
         os.close(fd)
 
 
+def read_input(path: str) -> bytes:
+    """A file the user names (a key, a rank file): links followed, as secrets mounts use them, but
+    never a FIFO or a directory; StorageError if it is missing or cannot be read."""
+    data = read_bytes(path, follow=True)
+    if data is None:
+        msg = f"{path} does not exist"
+        raise StorageError(msg)
+    return data
+
+
 def fsync_directory(directory: str) -> None:
     """Make a rename or a file creation in `directory` durable."""
     try:
@@ -225,6 +235,7 @@ __all__ = [
     "open_own",
     "preflight_append",
     "read_bytes",
+    "read_input",
     "stamp",
     "truncate",
 ]
