@@ -144,31 +144,33 @@ def test_a_cli_call_stopped_by_sigterm_still_delivers_what_it_charges(trial: Tri
     assert record["status"] == "interrupted" and record["delivered_stdout_tokens"] > 0 and "withheld" not in record
 
 
-def _nobody_python() -> list[str]:
-    """A Python that the user nobody can run, with trialtool and its dependencies on its path; else skip."""
+def _nobody_python(copy_to: Path) -> list[str]:
+    """A Python the user nobody can run, with a world-readable copy of trialtool, tiktoken and psutil; else skip.
+
+    The checkout and its virtualenv may sit under a directory only root can read
+    (CI clones into one), so what nobody imports is copied into `copy_to`.
+    """
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to run trial-tool as the user nobody")
-    site = [path for path in sys.path if path.endswith("site-packages")]
-    root = str(Path(__file__).resolve().parents[2])
-    env_path = os.pathsep.join([root, *site])
-    for python in ("/usr/bin/python3.11", "/usr/bin/python3", sys.executable):
-        probe = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", "import trialtool, tiktoken"],
-            env={"PYTHONPATH": env_path, "PATH": os.environ["PATH"]},
-            capture_output=True,
-            timeout=60,
-        )
+    import psutil
+    import tiktoken
+    import tiktoken_ext  # a namespace package: tiktoken's registry imports it
+
+    import trialtool
+
+    sources = [Path(module.__file__ or "").parent for module in (trialtool, tiktoken, psutil)]
+    for source in [*sources, *map(Path, tiktoken_ext.__path__)]:
+        shutil.copytree(source, copy_to / source.name, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [copy_to, *copy_to.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644 | (path.stat().st_mode & 0o111))
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    # The system's Python of the same minor version: the test's own may live where nobody cannot read.
+    for python in (f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}", sys.executable):
+        command = [*drop, "env", f"PYTHONPATH={copy_to}", python]
+        probe = subprocess.run([*command, "-c", "import trialtool, tiktoken, psutil"], capture_output=True, timeout=60)
         if probe.returncode == 0:
-            return [
-                "setpriv",
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "env",
-                f"PYTHONPATH={env_path}",
-                python,
-            ]
-    pytest.skip("no Python the user nobody can run with trialtool on its path (the checkout is not readable?)")
+            return command
+    pytest.skip(f"no Python the user nobody can run here ({probe.stderr.decode().strip()[-200:]})")
 
 
 #: Run as nobody, like trial-tool: try the supervisor's and trial-tool's own descriptors through /proc.
@@ -184,9 +186,10 @@ PROBE = (
 
 @pytest.mark.timeout(120)
 def test_as_the_same_non_root_user_the_command_reaches_nothing_of_trial_tools() -> None:
-    python = _nobody_python()
     work = Path(tempfile.mkdtemp(prefix="trialtool-nobody-"))
     try:
+        work.chmod(0o755)
+        python = _nobody_python(work / "lib")
         os.chown(work, 65534, 65534)
         argv = [*python, "-m", "trialtool", "--state", str(work / "s.json"), "--log", str(work / "l.jsonl")]
         done = subprocess.run([*argv, "--", "sh", "-c", PROBE], capture_output=True, timeout=60, cwd=work, input=b"x")
