@@ -1,12 +1,14 @@
-"""What a call gives back (`CallResult`), what can stop one (`Interrupt`), and a command as argv."""
+"""What a call takes (a command as argv, its options checked), what it gives back (`CallResult`), what stops it."""
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any, NamedTuple, Protocol
 
 from .budget import Budget
 from .errors import UsageError
-from .osio import os_text
+from .osio import os_text, plain
 
 
 class CallResult(NamedTuple):
@@ -62,6 +64,38 @@ class Interrupt(Protocol):
         """Whether the call's text still reaches the caller once it fired (else it is charged as nothing)."""
 
 
+def checked_request(
+    *, timeout: float | None, cwd: str | os.PathLike[str] | None, env: dict[str, str] | None, default_cwd: bool
+) -> str | None:
+    """A call's options checked before anything is charged; the working directory to run in.
+
+    `default_cwd`: with no `cwd`, the caller's current directory (else None: wherever the supervisor is).
+    """
+    if timeout is not None and not (
+        isinstance(timeout, int | float) and not isinstance(timeout, bool) and math.isfinite(timeout) and timeout > 0
+    ):
+        msg = f"timeout must be a positive number of seconds, not {plain(timeout)}"
+        raise UsageError(msg)
+    for key, value in (env or {}).items():
+        if not os_text(key, "an environment variable's name") or "=" in key:
+            msg = f"{plain(key)} cannot be an environment variable's name"
+            raise UsageError(msg)
+        os_text(value, f"environment variable {plain(key)}")
+    if cwd is None:
+        if not default_cwd:
+            return None
+        try:
+            return os.getcwd()
+        except OSError as exc:
+            msg = f"the current directory is gone ({exc.strerror}); pass cwd"
+            raise UsageError(msg) from exc
+    path = os_text(os.fspath(cwd), "cwd")
+    if not os.path.isdir(path):
+        msg = f"cwd {plain(path)} is not a directory"
+        raise UsageError(msg)
+    return path
+
+
 def command_argv(command: list[str] | tuple[str, ...] | str) -> list[str]:
     """A command as argv: a string runs under /bin/sh -c, as a shell tool call would."""
     if isinstance(command, str):
@@ -81,4 +115,4 @@ def command_argv(command: list[str] | tuple[str, ...] | str) -> list[str]:
     return argv
 
 
-__all__ = ["SHELL", "CallResult", "Interrupt", "command_argv"]
+__all__ = ["SHELL", "CallResult", "Interrupt", "checked_request", "command_argv"]

@@ -8,7 +8,6 @@ holds the order of those steps and what happens when one of them fails.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import threading
@@ -19,14 +18,13 @@ from typing import Any
 
 from . import budget, tokens, verdict
 from .budget import Budget
-from .callresult import CallResult, Interrupt, command_argv
+from .callresult import CallResult, Interrupt, checked_request, command_argv
 from .delivery import deliver
-from .errors import Interrupted, StateError, TrialToolError, UsageError
+from .errors import Interrupted, StateError, TrialToolError
 from .ledger import clock, liveness, records
 from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .ledger.state import TrialState
 from .limits import from_overrides
-from .osio import os_text, plain
 from .process import environment
 from .process.forkserver import ForkServer
 from .process.launcher import Launcher
@@ -183,32 +181,17 @@ class Trial:
         `interrupted`).
         """
         argv = command_argv(command)
-        if timeout is not None and not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
-            msg = f"timeout must be a positive number of seconds, not {timeout!r}"
-            raise UsageError(msg)
         with self._guard:
             ready, self._ready = self._ready, None
-        if cwd is None and ready is None:
-            # The fork server's supervisors do not share our working directory: name it.
-            try:
-                cwd = os.getcwd()
-            except OSError as exc:
-                msg = f"the current directory is gone ({exc.strerror}); pass cwd"
-                raise UsageError(msg) from exc
-        elif cwd is not None and not os.path.isdir(os_text(os.fspath(cwd), "cwd")):
-            msg = f"cwd {plain(os.fspath(cwd))} is not a directory"
-            raise UsageError(msg)
-        for key, value in (env or {}).items():
-            if not os_text(key, "an environment variable's name") or "=" in key:
-                msg = f"{plain(key)} cannot be an environment variable's name"
-                raise UsageError(msg)
-            os_text(value, f"environment variable {plain(key)}")
+        # The fork server's supervisors do not share our working directory: a call through
+        # it names one; a supervisor forked by the caller (the CLI's) runs where it is.
+        cwd = checked_request(timeout=timeout, cwd=cwd, env=env, default_cwd=ready is None)
         command_env = environment.build(clean=clean_env, set_vars=env, unset=unset_env)
         self.ledger.directories()
         # The supervisor is forked first and gets ready while the call is reserved.
         with nullcontext(ready) if ready is not None else Launcher(self.ledger.directory, self._server()) as launcher:
             outcome, reservation, started_wall = self._reserve_and_run(
-                argv, timeout, interrupt, launcher, cwd=None if cwd is None else os.fspath(cwd), env=command_env
+                argv, timeout, interrupt, launcher, cwd=cwd, env=command_env
             )
         try:
             return self._finish(reservation, argv, outcome, started_wall, interrupt)
