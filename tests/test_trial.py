@@ -258,3 +258,23 @@ def test_keyboard_interrupt_in_a_harness_is_recorded_abandoned(trial: TrialFiles
     assert out == b"0\n" and harness.returncode == 0
     assert wait_until(lambda: not marked(marker))
     assert [row["status"] for row in trial.records()] == ["abandoned", "ok"]
+
+
+@pytest.mark.timeout(120)
+def test_a_large_output_is_held_within_a_bound(tmp_path: Path) -> None:
+    # 32 MiB captured: the process stays under the encoder plus six times the output (it
+    # measures near three; holding every token as a Python int once took fifteen).
+    text = tmp_path / "big.txt"
+    line = "alpha beta 42 日本語 😀 gamma\n".encode()
+    text.write_bytes((line * ((32 << 20) // len(line) + 1))[: 32 << 20])
+    code = (
+        "import resource, subprocess, sys\n"
+        "subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n"
+    )
+    argv = [sys.executable, "-m", "trialtool", "--state", str(tmp_path / "s.json"), "--log", str(tmp_path / "l.jsonl")]
+    argv += ["--max-capture-bytes", str(32 << 20), "--call-timeout", "100", "--", "cat", str(text)]
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) < (150 << 20) + 6 * (32 << 20)
+    assert verify(tmp_path / "s.json", tmp_path / "l.jsonl").ok

@@ -7,7 +7,7 @@ reservation. It reads no file and takes no lock; the ledger commits the record.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -27,6 +27,21 @@ class Delivery(NamedTuple):
     stderr: clipping.StreamDelivery
     status: str
     record: dict[str, Any]
+
+
+def _base64(data: bytes) -> str:
+    """Base64 of `data`, built window by window into one string.
+
+    `text +=` on a string nothing else refers to grows it in place (CPython), so
+    a large stream's base64 never exists twice (as bytes and as text) at once.
+    Windows are a multiple of 3 bytes long: they encode to the same text as the whole.
+    """
+    text = ""
+    view = memoryview(data)
+    step = 3 << 20
+    for start in range(0, len(data), step):
+        text += binascii.b2a_base64(view[start : start + step], newline=False).decode("ascii")
+    return text
 
 
 def _sha256(text: str) -> str:
@@ -79,8 +94,8 @@ def deliver(
         command=argv,
         status=status,
         complete_delivery=ran_to_end and not (clipped or stdout_cut or stderr_cut or withheld),
-        stdout_b64=base64.b64encode(outcome.stdout).decode("ascii"),
-        stderr_b64=base64.b64encode(outcome.stderr).decode("ascii"),
+        stdout_b64=_base64(outcome.stdout),
+        stderr_b64=_base64(outcome.stderr),
         stdout_bytes=outcome.stdout_bytes,
         stderr_bytes=outcome.stderr_bytes,
         stdout_sha256=outcome.stdout_sha256,

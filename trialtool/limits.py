@@ -66,8 +66,8 @@ BOUNDS: dict[str, Bound] = {
     "max_call_tokens": Bound(1, 100_000_000, None, True),
     "trial_timeout": Bound(0.001, 30 * 86_400, None, False),
     "call_timeout": Bound(0.001, 30 * 86_400, None, False),
-    # A call holds about 5 times its captured bytes at its peak (docs/performance.md): 256 MiB a
-    # stream keeps two full streams near 2.5 GiB, where 1 GiB could exhaust a test machine.
+    # A call holds about 3 times its captured bytes at its peak, besides the encoder
+    # (docs/performance.md): 256 MiB a stream keeps two full streams near 1.5 GiB.
     "max_capture_bytes": Bound(1, 1 << 28, None, True),
     "kill_grace": Bound(0.0, 600.0, None, False),
     "max_memory": Bound(0, 1 << 40, 1 << 20, True),

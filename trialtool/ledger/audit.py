@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from ..errors import StateError
@@ -40,12 +41,18 @@ class Chain:
     def name(self) -> str:
         return "hmac-sha256" if self.key else "sha256"
 
-    def digest(self, data: bytes) -> str:
+    def hasher(self) -> Any:
+        """A fresh hashlib-style object (update, hexdigest) for this chain's digest."""
         if self.key is None:
-            return hashlib.sha256(data).hexdigest()
+            return hashlib.sha256()
         import hmac  # only keyed trials pay for it
 
-        return hmac.new(self.key, data, hashlib.sha256).hexdigest()
+        return hmac.new(self.key, digestmod=hashlib.sha256)
+
+    def digest(self, data: bytes) -> str:
+        hasher = self.hasher()
+        hasher.update(data)
+        return str(hasher.hexdigest())
 
     def matches(self, data: bytes, expected: str) -> bool:
         import hmac
@@ -58,12 +65,47 @@ def encode(record: dict[str, Any]) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
+#: Fields that may be megabytes of base64 (the captured streams): written in slices.
+_SPLICED = ("stdout_b64", "stderr_b64")
+_SLICE = 1 << 20
+
+
+def encode_parts(record: dict[str, Any]) -> Iterator[bytes]:
+    """`encode(record)`, byte for byte, as a series of parts.
+
+    The captured streams' base64 is sliced straight into the line rather than
+    copied into one JSON string and then one bytes object, so that a call with
+    large output never holds its line twice over (docs/performance.md). Base64
+    needs no JSON escaping, so the slices are its text as it is.
+    """
+    big = {key: record[key] for key in _SPLICED if isinstance(record.get(key), str) and len(record[key]) > _SLICE}
+    if not big:
+        yield encode(record)
+        return
+    line = encode({**record, **{key: f"\0{key}" for key in big}})
+    for key in sorted(big):
+        before, _, line = line.partition(json.dumps(f"\0{key}").encode())
+        yield before + b'"'
+        value = big[key]
+        for start in range(0, len(value), _SLICE):
+            yield value[start : start + _SLICE].encode("ascii")
+        line = b'"' + line
+    yield line
+
+
 def append(path: str, record: dict[str, Any], head: LogHead, chain: Chain) -> LogHead:
     """Chain `record` onto `head`, append it durably, and return the new head."""
     record["prev_hash"] = head.head
-    line = encode(record)
-    size = fsio.append(path, line + b"\n")
-    return LogHead(head.records + 1, size, chain.digest(line), head.bytes)
+    hasher = chain.hasher()
+
+    def parts() -> Iterator[bytes]:
+        for part in encode_parts(record):
+            hasher.update(part)
+            yield part
+        yield b"\n"
+
+    size = fsio.append(path, parts())
+    return LogHead(head.records + 1, size, hasher.hexdigest(), head.bytes)
 
 
 class Tail(NamedTuple):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterable
 
 from ..errors import StorageError
 from ..osio import ensure_directory, write_all
@@ -157,8 +158,9 @@ def atomic_write(path: str, data: bytes, *, sync_directory: bool = True) -> None
         fsync_directory(directory or ".")
 
 
-def append(path: str, data: bytes) -> int:
-    """Append `data` to `path` (created if missing) and fsync it; return the new size.
+def append(path: str, data: bytes | Iterable[bytes]) -> int:
+    """Append `data` (bytes, or parts written one after another) to `path`, created if missing,
+    and fsync it; return the new size.
 
     On failure the file is cut back to its old size, so that a failed append leaves
     no partial line behind; if even that fails the caller sees the original error
@@ -173,17 +175,24 @@ def append(path: str, data: bytes) -> int:
         old_size = os.fstat(fd).st_size
         created = old_size == 0
         step = "append to"
+        written = 0
         try:
-            write_all(fd, data)
+            for part in [data] if isinstance(data, bytes) else data:
+                write_all(fd, part)
+                written += len(part)
             step = "fsync"
             os.fsync(fd)
-        except OSError as exc:
+        except BaseException as exc:
+            # Whatever stopped it (a full disk, the parts' own failure, an interrupt),
+            # no partial line stays behind.
             try:
                 os.ftruncate(fd, old_size)
             except OSError:
                 pass  # reported through the original error below
-            raise _fail(step, path, exc) from exc
-        new_size = old_size + len(data)
+            if isinstance(exc, OSError):
+                raise _fail(step, path, exc) from exc
+            raise
+        new_size = old_size + written
     finally:
         os.close(fd)
     if created:
