@@ -285,7 +285,8 @@ class Trial:
         )
         assert self._rank_path is not None  # set by the reservation's preflight
         # A caller that gave up on the call (a cancelled task or request) receives nothing: nothing is charged.
-        withheld = interrupt is not None and interrupt.signum is not None and not interrupt.delivers
+        # An interrupt of the caller's own making, without `delivers`, is taken to deliver.
+        withheld = interrupt is not None and interrupt.signum is not None and not getattr(interrupt, "delivers", True)
         out, err, status, record = deliver(
             outcome, reservation, argv, judged, self._rank_path, started_wall, withheld=withheld
         )
