@@ -8,6 +8,7 @@
     ├── StorageError(OSError)         a read, write, fsync or replace failed
     ├── LockTimeout(TimeoutError)     the ledger lock was not acquired in time
     ├── EncoderError(RuntimeError)    o200k_base data missing or of the wrong hash
+    ├── SandboxError(RuntimeError)    the trial's sandbox cannot be made on this machine
     ├── Interrupted                   SIGINT/SIGTERM/SIGHUP before the call was charged (128+N)
     └── BudgetExhausted               a call refused because a budget is spent (exit 123)
 
@@ -83,6 +84,12 @@ class EncoderError(TrialToolError, RuntimeError):
     status = "tokenizer_error"
 
 
+class SandboxError(TrialToolError, RuntimeError):
+    """The sandbox pinned for the trial cannot be made here (bwrap missing, namespaces refused)."""
+
+    status = "sandbox_error"
+
+
 class Interrupted(TrialToolError):
     """trial-tool got SIGINT, SIGTERM or SIGHUP before the call was charged: nothing ran, nothing is charged.
 
@@ -128,6 +135,7 @@ __all__ = [
     "Interrupted",
     "LimitMismatch",
     "LockTimeout",
+    "SandboxError",
     "StateError",
     "StorageError",
     "TrialToolError",

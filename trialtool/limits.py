@@ -8,6 +8,9 @@ from typing import Any, NamedTuple
 from .errors import LimitMismatch, UsageError
 from .osio import plain
 
+#: Settings that travel with the limits but are the sandbox's (sandbox.py).
+SANDBOX_SETTINGS = ("sandbox", "network", "workspace", "writable")
+
 CLIP_MODES = ("headtail", "head")
 
 
@@ -121,7 +124,8 @@ def validate(limits: Limits) -> Limits:
 
 
 def from_overrides(overrides: dict[str, Any]) -> Limits:
-    """Defaults with `overrides` applied; unknown names are a UsageError."""
+    """Defaults with `overrides` applied; unknown names are a UsageError (sandbox settings are not limits)."""
+    overrides = {name: value for name, value in overrides.items() if name not in SANDBOX_SETTINGS}
     unknown = sorted(set(overrides) - set(Limits._fields))
     if unknown:
         msg = f"unknown limit {plain(unknown[0])}"
@@ -141,6 +145,8 @@ def check_pinned(pinned: Limits, overrides: dict[str, Any]) -> None:
     """Refuse a call whose explicitly passed limits differ from the pinned ones."""
     wanted = from_overrides(overrides)
     for name in overrides:
+        if name in SANDBOX_SETTINGS:
+            continue
         if getattr(wanted, name) != getattr(pinned, name):
             msg = (
                 f"{FLAG_OF[name]} {plain(getattr(wanted, name))} differs from the value "

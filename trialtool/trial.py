@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -21,14 +22,16 @@ from .budget import Budget
 from .callresult import CallResult, Interrupt, checked_request, command_argv
 from .delivery import deliver
 from .errors import Interrupted, StateError, TrialToolError
-from .ledger import clock, liveness, records
+from .ledger import clock, fsio, liveness, records
 from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .ledger.state import TrialState
 from .limits import from_overrides
 from .process import environment
+from .process.bwrap import Plan
 from .process.forkserver import ForkServer
 from .process.launcher import Launcher
 from .process.outcome import Outcome
+from .sandbox import Sandbox
 
 Command = list[str] | tuple[str, ...] | str
 
@@ -53,7 +56,10 @@ class Trial:
     """A trial: its state and log, its limits, and the runs of its calls.
 
     `limits` are the values passed for this use; at creation they are pinned,
-    afterwards any that differ from the pinned ones make every call fail.
+    afterwards any that differ from the pinned ones make every call fail. The
+    sandbox settings (`sandbox`, `network`, `workspace`, `writable`) go there
+    too (docs/sandbox.md); `hidden_files` names files besides the trial's own
+    that its sandboxed commands must not reach, such as the file the key came from.
 
     `run` may be called from several threads at once (and `arun` from several
     asyncio tasks): each call is reserved, run and committed on its own. The
@@ -72,8 +78,12 @@ class Trial:
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         rank_file: str | os.PathLike[str] | None = None,
         key: bytes | None = None,
+        hidden_files: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         self.ledger = Ledger(state_path, log_path, lock_timeout=lock_timeout, key=key, stop_leftovers=stop_leftovers)
+        #: Files a sandboxed command must not reach besides the state, log and lock (a key file).
+        self.hidden_files = [os.fspath(path) for path in hidden_files]
+        self._plans: dict[Sandbox, Plan] = {}
         self.overrides = dict(limits or {})
         self._rank_file = rank_file
         self._rank_path: str | None = None
@@ -114,7 +124,7 @@ class Trial:
         except StateError:
             if os.path.lexists(self.ledger.state_path):
                 raise
-            return budget.fresh(from_overrides(self.overrides))
+            return budget.fresh(from_overrides(self.overrides))  # (sandbox settings are not limits)
 
     async def arun(self, command: Command, **options: Any) -> CallResult:
         """`run` for asyncio: the call runs in the loop's default executor.
@@ -146,6 +156,15 @@ class Trial:
         import asyncio
 
         return await asyncio.to_thread(self.budget)
+
+    def _plan(self, sandbox: Sandbox) -> Plan:
+        """The trial's sandbox plan (where its files are hidden), made once per pinned sandbox."""
+        plan = self._plans.get(sandbox)
+        if plan is None:
+            path = self.ledger.state_path
+            files = [path, self.ledger.log_path, path + ".lock", *self.hidden_files]
+            plan = self._plans[sandbox] = Plan(sandbox, path, files)
+        return plan
 
     def _check_rank_file(self, state: TrialState) -> None:
         """Reservation preflight: the rank file is there and has the right hash, or nothing is charged.
@@ -219,8 +238,28 @@ class Trial:
                 msg = f"{interrupt.reason} before the call started; nothing ran and nothing is charged"
                 raise Interrupted(msg, interrupt.signum)
 
+        sandboxed: list[Plan] = []
+
+        def preflight(state: TrialState) -> None:
+            self._check_rank_file(state)
+            sandboxed.clear()
+            if state.sandbox.mode != "none":
+                plan = self._plan(state.sandbox)
+                plan.check(spawn["cwd"] or os.getcwd())
+                # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
+                fsio.touch(self.ledger.log_path)
+                sandboxed.append(plan)
+
+        def one_at_a_time(state: TrialState) -> bool:
+            return state.sandbox.mode != "none" and self._plan(state.sandbox).layout.exposed
+
         reservation = self.ledger.reserve(
-            self.overrides, argv, preflight=self._check_rank_file, supervisor=launcher.pid, cancelled=cancelled
+            self.overrides,
+            argv,
+            preflight=preflight,
+            supervisor=launcher.pid,
+            cancelled=cancelled,
+            one_at_a_time=one_at_a_time,
         )
         if timeout is not None and timeout < reservation.run_seconds:
             reservation = reservation._replace(run_seconds=float(timeout), deadline_kind="request")
@@ -228,12 +267,16 @@ class Trial:
         started = time.monotonic()
         deadline = started + reservation.run_seconds
         try:
+            run_argv = argv
+            if sandboxed:
+                run_argv = sandboxed[0].wrap(argv, spawn["cwd"] or os.getcwd(), reservation.trial_id)
             outcome = launcher.run(
-                argv,
+                run_argv,
                 started=started,
                 deadline=deadline,
                 limits=reservation.limits,
                 interrupt_fd=None if interrupt is None else interrupt.fd,
+                sandboxed=bool(sandboxed),
                 **spawn,
             )
         except TrialToolError as exc:

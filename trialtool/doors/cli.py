@@ -69,6 +69,7 @@ def _trial(args: Arguments) -> Trial:
         lock_timeout=args.lock_timeout,
         rank_file=getattr(args, "o200k_file", None),
         key=_key(args),
+        hidden_files=[args.key_file] if args.key_file is not None else [],
     )
 
 
@@ -141,8 +142,15 @@ def _install_shim(args: Arguments) -> int:
     flags = ["--state", os.path.abspath(args.state), "--log", os.path.abspath(args.log)]
     flags += ["--lock-timeout", repr(args.lock_timeout)]
     for name, value in overrides(args).items():
+        flag = "--" + name.replace("_", "-")
+        if name == "writable":
+            for path in value:
+                flags += [flag, os.path.abspath(path)]
+            continue
+        if name == "workspace":
+            value = os.path.abspath(value)
         shown = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-        flags += ["--" + name.replace("_", "-"), shown]
+        flags += [flag, shown]
     for flag, value in (("--key-file", args.key_file), ("--o200k-file", args.o200k_file)):
         if value is not None:
             flags += [flag, os.path.abspath(value)]

@@ -47,6 +47,10 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
     ("--max-file-size", "max_file_size", "number", _CALLING, _LIMIT, "bytes of any file written; 0: none"),
     ("--max-open-files", "max_open_files", "number", _CALLING, _LIMIT, "open files per process; 0: inherit"),
     ("--max-procs", "max_procs", "number", _CALLING, _LIMIT, "processes in the command's tree at once; 0: none"),
+    ("--sandbox", "sandbox", "text", _CALLING, _LIMIT, "run commands in a sandbox: none, bwrap, or auto (default)"),
+    ("--network", "network", "text", _CALLING, _LIMIT, "the sandbox's network: none (default) or host"),
+    ("--workspace", "workspace", "text", _CALLING, _LIMIT, "the directory sandboxed commands may write (default .)"),
+    ("--writable", "writable", "list", _CALLING, _LIMIT, "another path sandboxed commands may write (repeatable)"),
     ("--max-concurrent", "max_concurrent", "whole", _SERVING, _SERVER, "tool calls run at once; more wait"),
     ("--max-request-bytes", "max_request_bytes", "whole", ("serve",), _SERVER, "longest request line"),
     ("--cwd", "cwd", "text", ("run",), _CALL, "directory to run the command in"),
@@ -177,7 +181,7 @@ def parse(command: str, flags: list[str]) -> Arguments:
             options.update(action="append", default=[], metavar="VALUE")
         else:
             # A limit left out is None: the pinned value (or Limits' default) holds.
-            shown = getattr(defaults, dest) if group == _LIMIT else _DEFAULTS.get(dest)
+            shown = getattr(defaults, dest, None) if group == _LIMIT else _DEFAULTS.get(dest)
             options.update(
                 type=int if kind == "whole" else _number if kind == "number" else str,
                 default=None if group == _LIMIT else _DEFAULTS.get(dest),
@@ -209,7 +213,10 @@ def split(argv: list[str]) -> tuple[str, list[str], list[str]]:
 
 def overrides(args: Arguments) -> dict[str, Any]:
     """The limits given on the command line (absent ones are not overrides)."""
-    return {name: getattr(args, name) for name in _LIMIT_DESTS if getattr(args, name, None) is not None}
+    given = {name: getattr(args, name) for name in _LIMIT_DESTS if getattr(args, name, None) is not None}
+    if not given.get("writable", True):
+        del given["writable"]  # a repeatable flag not used: absent, not an empty list pinned
+    return given
 
 
 __all__ = ["OPTIONS", "SUBCOMMANDS", "Arguments", "overrides", "parse", "quick", "split"]

@@ -224,6 +224,14 @@ def truncate(path: str, size: int) -> None:
         os.close(fd)
 
 
+def touch(path: str) -> None:
+    """Create `path` empty if it does not exist (an empty log is a log of no records); StorageError if that fails."""
+    try:
+        os.close(open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT))
+    except FileNotFoundError as exc:
+        raise _fail("create", path, exc) from exc
+
+
 def preflight_append(path: str) -> None:
     """StorageError now, rather than after a command ran, if `path` cannot take an append; creates nothing."""
     try:
@@ -246,5 +254,6 @@ __all__ = [
     "read_bytes",
     "read_input",
     "stamp",
+    "touch",
     "truncate",
 ]

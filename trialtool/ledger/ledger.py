@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..errors import BudgetExhausted, StateError, StorageError, UsageError
+from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, UsageError
 from ..limits import FLAG_OF, Limits
 from ..osio import plain, require_directory
 from . import audit, clock, fsio, liveness, records
@@ -141,6 +141,7 @@ class Ledger:
         preflight: Callable[[TrialState], None] | None = None,
         supervisor: int | None = None,
         cancelled: Callable[[], None] | None = None,
+        one_at_a_time: Callable[[TrialState], bool] | None = None,
     ) -> Reservation:
         """Charge a call and reserve its allowance, or log a refusal and raise BudgetExhausted.
 
@@ -149,9 +150,13 @@ class Ledger:
         `supervisor` is the pid of the call's supervisor, so that a recovery can
         stop what it left running. `cancelled()` is called while waiting (for the
         lock, for tokens) and just before charging; it raises to give up uncharged.
+        While `one_at_a_time(state)` is true, the call waits (writing nothing) until
+        no other call is in flight: a sandbox whose trial files sit in a writable
+        path needs the state left alone while a command runs (process/bwrap.py).
         """
         self.directories()
         wait_until: float | None = None
+        serial: list[float] = []
         pause = 0.005
         while True:
             with self._lock(cancelled):
@@ -161,29 +166,52 @@ class Ledger:
                 if preflight is not None:
                     preflight(state)
                 self._recover(state)
-                limits = state.limits
-                state.elapsed_seconds = elapsed = state.elapsed()
-                unreserved = limits.max_tokens - state.emitted_tokens - state.allowances_held()
-                refusal = _refusal(state, elapsed)
-                if refusal is None and unreserved <= 0:
-                    # Every unspent token is held by calls in flight: wait for them to
-                    # hand back what they do not deliver, within this call's own deadline.
-                    now = time.monotonic()
-                    if wait_until is None:
-                        wait_until = now + min(limits.call_timeout, limits.trial_timeout - elapsed)
-                    if now >= wait_until:
-                        refusal = (
-                            "maximum_emitted_tokens",
-                            f"every unspent token stayed held by calls in flight ({FLAG_OF['max_tokens']})",
-                        )
-                if refusal is not None:
-                    self._refuse(state, command, refusal)
-                if cancelled is not None:
-                    cancelled()
-                if unreserved > 0:
-                    return self._charge(state, command, min(limits.max_call_tokens, unreserved), supervisor)
+                if self._wait_for_others(state, one_at_a_time, serial):
+                    if cancelled is not None:
+                        cancelled()
+                else:
+                    limits = state.limits
+                    state.elapsed_seconds = elapsed = state.elapsed()
+                    unreserved = limits.max_tokens - state.emitted_tokens - state.allowances_held()
+                    refusal = _refusal(state, elapsed)
+                    if refusal is None and unreserved <= 0:
+                        # Every unspent token is held by calls in flight: wait for them to
+                        # hand back what they do not deliver, within this call's own deadline.
+                        now = time.monotonic()
+                        if wait_until is None:
+                            wait_until = now + min(limits.call_timeout, limits.trial_timeout - elapsed)
+                        if now >= wait_until:
+                            refusal = (
+                                "maximum_emitted_tokens",
+                                f"every unspent token stayed held by calls in flight ({FLAG_OF['max_tokens']})",
+                            )
+                    if refusal is not None:
+                        self._refuse(state, command, refusal)
+                    if cancelled is not None:
+                        cancelled()
+                    if unreserved > 0:
+                        return self._charge(state, command, min(limits.max_call_tokens, unreserved), supervisor)
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
+
+    @staticmethod
+    def _wait_for_others(
+        state: TrialState, one_at_a_time: Callable[[TrialState], bool] | None, serial: list[float]
+    ) -> bool:
+        """True while this call must wait for the calls in flight; LockTimeout once that is past reason."""
+        if not state.in_flight or one_at_a_time is None or not one_at_a_time(state):
+            return False
+        now = time.monotonic()
+        if not serial:
+            # The call in flight ends by its deadline and kill grace; beyond that, it is stuck.
+            serial.append(now + state.limits.call_timeout + state.limits.kill_grace + 30.0)
+        if now >= serial[0]:
+            msg = (
+                "another call of this trial is still running, and calls of a trial whose files "
+                "sit in its writable paths run one at a time (docs/sandbox.md)"
+            )
+            raise LockTimeout(msg)
+        return True
 
     def _refuse(self, state: TrialState, command: list[str], refusal: tuple[str, str]) -> None:
         status, reason = refusal

@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 from ..errors import StateError
 from ..limits import Limits, from_state
 from ..osio import plain
+from ..sandbox import UNSANDBOXED, Sandbox
+from ..sandbox import from_state as sandbox_from_state
 from . import audit, clock
 from .records import Totals
 
@@ -57,6 +59,7 @@ class TrialState:
         "log",
         "rank_file",
         "refused_calls",
+        "sandbox",
         "started_at",
         "started_at_utc",
         "trial_id",
@@ -78,6 +81,7 @@ class TrialState:
         in_flight: dict[int, InFlight] | None = None,
         log: audit.LogHead | None = None,
         rank_file: dict[str, Any] | None = None,
+        sandbox: Sandbox = UNSANDBOXED,
     ) -> None:
         self.trial_id = trial_id
         #: How the log is chained and the state sealed: "sha256", or "hmac-sha256" with a key.
@@ -98,9 +102,11 @@ class TrialState:
         self.log = audit.LogHead() if log is None else log
         #: The rank file verified for this trial and its stamp, so it is not hashed on every call.
         self.rank_file = rank_file
+        #: The sandbox pinned at creation (none for a trial older than sandboxes).
+        self.sandbox = sandbox
 
     @classmethod
-    def new(cls, limits: Limits, chain: audit.Chain) -> TrialState:
+    def new(cls, limits: Limits, chain: audit.Chain, sandbox: Sandbox = UNSANDBOXED) -> TrialState:
         """A fresh trial's state."""
         now = time.time()
         return cls(
@@ -110,6 +116,7 @@ class TrialState:
             started_at=now,
             started_at_utc=clock.utc(now),
             clock=clock.anchor(),
+            sandbox=sandbox,
         )
 
     def elapsed(self) -> float:
@@ -144,6 +151,8 @@ class TrialState:
         }
         if self.rank_file is not None:
             document["rank_file"] = self.rank_file
+        if self.sandbox is not UNSANDBOXED:
+            document["sandbox"] = self.sandbox.as_json()
         return document
 
 
@@ -227,6 +236,10 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
         head = audit.LogHead(int(log["records"]), int(log["bytes"]), str(log["head"]), int(log["last_offset"]))
     except (TypeError, KeyError, ValueError) as exc:
         raise bad("log binding is missing or malformed") from exc
+    try:
+        sandbox = sandbox_from_state(data.get("sandbox"))
+    except ValueError as exc:
+        raise bad(str(exc)) from exc
     rank_file = data.get("rank_file")
     if rank_file is not None and not isinstance(rank_file, dict):
         raise bad("rank_file is malformed")
@@ -248,6 +261,7 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
         in_flight=in_flight,
         log=head,
         rank_file=rank_file,
+        sandbox=sandbox,
     )
 
 

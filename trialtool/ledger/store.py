@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any
 
+from .. import sandbox
 from ..errors import StateError
 from ..limits import Limits, check_pinned, from_overrides
 from . import audit, clock, fsio, mending, records
@@ -48,6 +49,8 @@ class Store:
     def append(self, state: TrialState, record: dict[str, Any]) -> None:
         """Append `record`, bound to this trial and stating the totals of `state` (already updated for it)."""
         record["trial_id"] = state.trial_id
+        if record.get("record_type") == records.RECORD_TYPE:
+            record["sandbox"] = state.sandbox.mode
         record["ledger_after"] = state.totals().as_json()
         state.log = audit.append(self.log_path, record, state.log, self.chain)
         self._trust(state.log, record)
@@ -74,7 +77,7 @@ class Store:
             self._trust(head, tail.last)
         return tail
 
-    def new_state(self, limits: Limits) -> TrialState:
+    def new_state(self, limits: Limits, pinned: sandbox.Sandbox = sandbox.UNSANDBOXED) -> TrialState:
         """A new trial's state, refused over a log that already has records (or is not a plain file)."""
         fsio.check_regular(self.log_path)
         if os.path.exists(self.log_path) and os.path.getsize(self.log_path) > 0:
@@ -83,7 +86,7 @@ class Store:
                 "refusing to start a trial over another trial's log"
             )
             raise StateError(msg)
-        return TrialState.new(limits, self.chain)
+        return TrialState.new(limits, self.chain, pinned)
 
     def open(self, overrides: dict[str, Any], *, create: bool) -> TrialState:
         """The state, checked against its log (and mended after a crash). Under the lock."""
@@ -93,8 +96,11 @@ class Store:
             if not create:
                 msg = f"no trial at {self.state_path}: create it with `trial-tool init` or a first call"
                 raise StateError(msg)
-            return self.new_state(from_overrides(overrides))
-        check_pinned(state.limits, overrides)
+            limits, settings = sandbox.split(overrides)
+            return self.new_state(from_overrides(limits), sandbox.pin(settings))
+        limits, settings = sandbox.split(overrides)
+        check_pinned(state.limits, limits)
+        sandbox.check_pinned(state.sandbox, settings)
         tail = self._read_tail(state.log)
         last = tail.last
         if tail.extra:

@@ -71,6 +71,10 @@ class Spool:
             msg = f"cannot write the output spool: {exc.strerror or exc}"
             raise StorageError(msg) from exc
 
+    def head(self, size: int) -> bytes:
+        """The first `size` kept bytes."""
+        return os.pread(self._fd, min(size, self.total, self.cap), 0)
+
     def sha256(self) -> str:
         """SHA-256 of the kept bytes."""
         return self._hash.hexdigest()

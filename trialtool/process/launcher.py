@@ -117,11 +117,13 @@ class Launcher:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         interrupt_fd: int | None = None,
+        sandboxed: bool = False,
     ) -> Outcome:
         """Run `argv` until it exits, reaches `deadline` (monotonic), passes a limit, or is interrupted.
 
         `started` is when the call's clock started (monotonic; default now): the
         outcome's `elapsed` counts from it, so that it compares with the deadline.
+        `sandboxed` says that `argv` is a bwrap command line (bwrap.py).
         """
         import json
 
@@ -139,6 +141,7 @@ class Launcher:
             "started": time.monotonic() if started is None else started,
             "deadline": deadline,
             "limits": limits._asdict(),
+            "sandboxed": sandboxed,
         }
         write_all(self._control_w, json.dumps(orders).encode() + b"\n")
         result = self._wait(interrupt_fd)

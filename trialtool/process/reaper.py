@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     """Direct children of `pid`, from /proc/PID/task/*/children (Linux ≥ 3.5)."""
     found: list[int] = []
     try:
@@ -51,9 +51,9 @@ def descendants(pid: int | None = None) -> list[int]:
     seen: list[int] = []
     frontier = [root]
     while frontier:
-        children = [child for parent in frontier for child in _children(parent)]
-        seen.extend(children)
-        frontier = children
+        found = [child for parent in frontier for child in children(parent)]
+        seen.extend(found)
+        frontier = found
     return seen
 
 
@@ -130,11 +130,16 @@ def _send(kill: Callable[[int, int], None], target: int, sig: int) -> None:
         pass  # gone already (or a group whose last member just left)
 
 
-def signal_tree(pgid: int, sig: int) -> None:
-    """Signal the command's process group, then every descendant (those that left the group too)."""
-    _send(os.killpg, pgid, sig)
+def signal_tree(pgid: int, sig: int, spare: set[int] | None = None) -> None:
+    """Signal the command's process group, then every descendant (those that left the group too).
+
+    With `spare`, the group is not signalled as a whole and those processes not at all.
+    """
+    if spare is None:
+        _send(os.killpg, pgid, sig)
     for pid in descendants():
-        _send(os.kill, pid, sig)
+        if spare is None or pid not in spare:
+            _send(os.kill, pid, sig)
 
 
-__all__ = ["descendants", "kill_all", "living_descendants", "no_children", "signal_tree"]
+__all__ = ["children", "descendants", "kill_all", "living_descendants", "no_children", "signal_tree"]

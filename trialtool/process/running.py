@@ -19,7 +19,7 @@ import time
 from typing import Any, NamedTuple
 
 from ..limits import Limits
-from . import reaper
+from . import bwrap, reaper
 from .capture import Spool
 from .cgroups import CallGroup
 from .spawn import Child, spawn
@@ -45,6 +45,9 @@ class Spec(NamedTuple):
     deadline: float
     #: The trial's pinned limits: the capture cap, the kill grace and the resource limits.
     limits: Limits
+    #: True when `argv` is a bwrap command line (bwrap.py): its status descriptor is read,
+    #: its exit code taken from it, and its own two processes spared the stop's SIGTERM.
+    sandboxed: bool = False
 
 
 class Signals:
@@ -106,7 +109,10 @@ def supervise(
 ) -> dict[str, Any]:
     """Run the command of `spec` to its end; the result the supervisor reports."""
     limits = spec.limits
-    group.configure(limits.max_procs, limits.max_memory)
+    # bwrap's monitor and its pid namespace's init are ours, not the command's.
+    extra_procs = bwrap.OWN_PROCESSES if spec.sandboxed and limits.max_procs else 0
+    group.configure(limits.max_procs + extra_procs, limits.max_memory)
+    status_r = status_w = -1
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         rlimits = _limits_for_exec(limits, group)
@@ -119,20 +125,58 @@ def supervise(
         base: dict[str, Any] = {
             "containment": {**group.describe(limits.max_procs, limits.max_memory), "subreaper": subreaper}
         }
+        if spec.sandboxed:
+            status_r, status_w = os.pipe()
         try:
             # Nothing to do between fork and exec (the usual case): the faster posix_spawn.
             plain = not rlimits and not group.child_must_join()
-            child = spawn(spec.argv, cwd=spec.cwd, env=spec.env, before_exec=None if plain else before_exec)
+            child = spawn(
+                spec.argv,
+                cwd=None if spec.sandboxed else spec.cwd,  # bwrap changes to it inside (--chdir)
+                env=spec.env,
+                before_exec=None if plain else before_exec,
+                fd3=None if status_w < 0 else status_w,
+            )
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return {**base, "ended": "not_found", "error": exc.strerror}
             if exc.errno in _NOT_EXECUTABLE:
                 return {**base, "ended": "not_executable", "error": exc.strerror}
             raise
-        watch = _Watch(spec, child, spools, control_fd, signals, group, spec.started)
-        return {**base, **watch.run(subreaper)}
+        finally:
+            if status_w >= 0:
+                os.close(status_w)
+        watch = _Watch(spec, child, spools, control_fd, signals, group, spec.started, extra_procs)
+        report = watch.run(subreaper)
+        if status_r >= 0:
+            report = _unwrapped(report, status_r, spools[1])
+        return {**base, **report}
     finally:
+        if status_r >= 0:
+            os.close(status_r)
         group.remove()
+
+
+def _unwrapped(report: dict[str, Any], status_r: int, stderr: Spool) -> dict[str, Any]:
+    """A bwrap call's report in the command's terms: its own exit code, or why it never ran.
+
+    bwrap states the command's exit code once the command has ended (a signal
+    comes back as 128 + N, as a shell reports it). Without that statement and
+    with bwrap's own exit status 1, the command never ran: bwrap said why on
+    stderr, which the command had not yet owned.
+    """
+    status = bytearray()
+    while chunk := os.read(status_r, 65536):
+        status += chunk
+    code = bwrap.exit_code(bytes(status))
+    if code is not None:
+        return {**report, "returncode": code}
+    if report["ended"] != "exited" or report["returncode"] != 1:
+        return report  # stopped by us, or bwrap itself killed (out of memory): as it is
+    kind, reason = bwrap.failure(stderr.head(4096))
+    if kind == "sandbox":
+        return {"fatal": f"the sandbox could not be set up: {reason}"}
+    return {"ended": kind, "error": reason}
 
 
 class _Watch:
@@ -147,6 +191,7 @@ class _Watch:
         signals: Signals,
         group: CallGroup,
         started: float,
+        extra_procs: int = 0,
     ) -> None:
         self.spec, self.child, self.spools, self.group = spec, child, spools, group
         self.control_fd, self.signals, self.started = control_fd, signals, started
@@ -160,7 +205,7 @@ class _Watch:
             if fd >= 0:
                 self.selector.register(fd, selectors.EVENT_READ)
         #: The fallback process cap (no pids cgroup), counted every _SWEEP_INTERVAL.
-        self.sweep_cap = spec.limits.max_procs if group.pids is None else 0
+        self.sweep_cap = spec.limits.max_procs + extra_procs if group.pids is None else 0
         self.next_sweep = started + _SWEEP_INTERVAL
         self.ended: str | None = None
         self.stop_signal: int | None = None
@@ -175,7 +220,12 @@ class _Watch:
             if reason == "deadline":
                 self.overshoot = time.monotonic() - self.spec.deadline
         if self.kill_at is None:
-            reaper.signal_tree(self.child.pid, signal.SIGTERM)
+            if self.spec.sandboxed:
+                # bwrap's monitor and init would end the sandbox at once (SIGKILL to all
+                # in it), leaving the command no grace: the command's processes only.
+                reaper.signal_tree(self.child.pid, signal.SIGTERM, spare=_bwrap_own(self.child.pid))
+            else:
+                reaper.signal_tree(self.child.pid, signal.SIGTERM)
             self.stop_signal = signal.SIGTERM
             self.kill_at = time.monotonic() + grace
 
@@ -275,6 +325,11 @@ class _Watch:
             "peak_rss_scope": "tree" if peak is not None else "largest_process",
             "streams": [[spool.total, spool.sha256()] for spool in self.spools],
         }
+
+
+def _bwrap_own(monitor: int) -> set[int]:
+    """bwrap's monitor and its direct children (the pid namespace's init)."""
+    return {monitor, *reaper.children(monitor)}
 
 
 __all__ = ["Signals", "Spec", "supervise"]

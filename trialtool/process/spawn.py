@@ -111,15 +111,17 @@ def spawn(
     cwd: str | None,
     env: dict[str, str] | None,
     before_exec: Callable[[], None] | None,
+    fd3: int | None = None,
 ) -> Child:
     """Start `argv`; OSError (with the exec's errno) if it cannot be executed.
 
     Without `before_exec` this uses posix_spawn and changes the calling process's
     working directory to `cwd`: call it only from a process that runs one command.
+    `fd3`, if given, is the command's descriptor 3 (bwrap's status channel).
     """
     close_on_exec_all()
     if before_exec is None and hasattr(os, "posix_spawn"):
-        return _posix_spawn(argv, cwd, env)
+        return _posix_spawn(argv, cwd, env, fd3)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     report_r, report_w = os.pipe()  # close-on-exec: EOF means the exec happened
@@ -131,7 +133,13 @@ def spawn(
             os.dup2(devnull, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            os.closerange(3, report_w)
+            first = 3
+            if fd3 is not None:
+                if report_w == 3:
+                    report_w = os.dup(report_w)  # close-on-exec, as the report needs
+                os.dup2(fd3, 3)
+                first = 4
+            os.closerange(first, report_w)
             os.closerange(report_w + 1, 1 << 16)
             for sig in _RESTORE:
                 signal.signal(sig, signal.SIG_DFL)
@@ -160,12 +168,13 @@ def spawn(
     return Child(pid, out_r, err_r)
 
 
-def _posix_spawn(argv: list[str], cwd: str | None, env: dict[str, str] | None) -> Child:
+def _posix_spawn(argv: list[str], cwd: str | None, env: dict[str, str] | None, fd3: int | None) -> Child:
     if cwd is not None:
         os.chdir(cwd)
     program = _resolve(argv[0], env)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    extra = [] if fd3 is None else [(os.POSIX_SPAWN_DUP2, fd3, 3)]
     try:
         # The pipes' write ends and everything else of ours are close-on-exec; the
         # actions give the command exactly stdin, stdout and stderr.
@@ -177,6 +186,7 @@ def _posix_spawn(argv: list[str], cwd: str | None, env: dict[str, str] | None) -
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, out_w, 1),
                 (os.POSIX_SPAWN_DUP2, err_w, 2),
+                *extra,
             ],
             setsid=True,
             setsigdef=_DEFAULTED,

@@ -138,6 +138,7 @@ def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, rea
             orders["started"],
             orders["deadline"],
             Limits(**orders["limits"]),
+            bool(orders.get("sandboxed")),
         )
         cap = spec.limits.max_capture_bytes
         spools = (Spool(spool_fds[0], cap), Spool(spool_fds[1], cap))

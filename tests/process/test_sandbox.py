@@ -1,0 +1,330 @@
+"""The bwrap sandbox, escaped for real: each escape runs as a call and must fail, the trial intact after.
+
+Two layouts of the trial's files: beside the workspace (their directory is
+covered) and inside it (each file overmounted, calls one at a time). Every
+test runs real bwrap; on a machine where it cannot run, they are skipped, and
+the reason is shown.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import marked
+from trialtool.process import bwrap
+
+PY = sys.executable
+KEY = "k3y-0f-the-ledger-" + "x" * 20
+
+pytestmark = pytest.mark.skipif(
+    bwrap.unavailable() is not None, reason=f"the bwrap sandbox cannot run here: {bwrap.unavailable()}"
+)
+
+
+class Sandboxed:
+    """A keyed trial pinned to bwrap, its workspace, and its files laid out as `layout` says."""
+
+    def __init__(self, root: Path, layout: str) -> None:
+        self.root = root
+        self.workspace = root / "ws"
+        self.workspace.mkdir()
+        home = self.workspace if layout == "inside" else root / "trial"
+        home.mkdir(exist_ok=True)
+        self.state = home / "state.json"
+        self.log = home / "log.jsonl"
+        self.lock = home / "state.json.lock"
+        self.key = home / "ledger.key" if layout == "inside" else root / "ledger.key"
+        self.key.write_text(KEY)
+        self.flags = ["--state", str(self.state), "--log", str(self.log), "--key-file", str(self.key)]
+        self.pinned = ["--sandbox", "bwrap", "--workspace", str(self.workspace)]
+
+    def call(self, *command: str, flags: tuple[str, ...] = (), timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        argv = [PY, "-m", "trialtool", *self.flags, *self.pinned, *flags, "--", *command]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.workspace)
+
+    def sh(self, script: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return self.call("sh", "-c", script, **kwargs)
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def state_json(self) -> dict[str, Any]:
+        return json.loads(self.state.read_text())
+
+    def verify(self) -> subprocess.CompletedProcess[str]:
+        argv = [PY, "-m", "trialtool", "verify", *self.flags]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    def assert_intact(self, calls: int) -> None:
+        checked = self.verify()
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert self.state_json()["calls"] == calls
+        assert len(self.records()) == calls
+
+
+@pytest.fixture(params=["beside", "inside"])
+def box(request: pytest.FixtureRequest, tmp_path: Path) -> Sandboxed:
+    return Sandboxed(tmp_path, request.param)
+
+
+def test_the_trial_pins_the_sandbox_and_records_it(box: Sandboxed) -> None:
+    done = box.sh("echo hi")
+    assert done.returncode == 0 and done.stdout == "hi\n", done.stderr
+    pinned = box.state_json()["sandbox"]
+    assert pinned == {"mode": "bwrap", "network": "none", "workspace": str(box.workspace), "writable": []}
+    assert box.records()[0]["sandbox"] == "bwrap"
+
+
+def test_the_trial_files_cannot_be_read_written_or_moved(box: Sandboxed) -> None:
+    assert box.sh("true").returncode == 0  # the trial and its log exist
+    before = box.state.read_bytes()
+    attempts = []
+    for path in (box.state, box.log, box.lock):
+        attempts += [
+            f"cat {path} && echo LEAK-read-{path.name}",
+            f"echo x >> {path} && echo LEAK-append-{path.name}",
+            f"true > {path} && echo LEAK-truncate-{path.name}",
+            f"mv {path} {path}.moved && echo LEAK-rename-{path.name}",
+            f"rm -f {path}; test -e {path} || echo LEAK-delete-{path.name}",
+        ]
+    attempts.append(f"cat {box.key} && echo LEAK-key")
+    # The directory holding them, renamed or replaced (a fresh trial's budget).
+    attempts.append(f"mv {box.state.parent} {box.state.parent}.moved && echo LEAK-dir")
+    done = box.sh("; ".join(attempts) + "; echo done")
+    assert done.stdout.endswith("done\n"), done.stderr
+    assert "LEAK" not in done.stdout and KEY not in done.stdout + done.stderr
+    box.assert_intact(2)
+    assert box.state.read_bytes() != before  # moved on by the second call's own commit, and nothing else
+
+
+def test_the_host_outside_the_workspace_is_read_only(box: Sandboxed) -> None:
+    home = os.path.expanduser("~")
+    script = "; ".join(
+        f"touch {path}/trialtool-escape 2>/dev/null && echo LEAK-{path}" for path in ("/usr", "/etc", home, box.root)
+    )
+    done = box.sh(script + "; echo in-workspace > made-here; echo done")
+    # The workspace's parent, under the host's /tmp here, is a directory of the trial's own /tmp
+    # in the sandbox: writable there, and not the host's.
+    assert done.stdout.replace(f"LEAK-{box.root}\n", "") == "done\n", done.stderr
+    assert (box.workspace / "made-here").read_text() == "in-workspace\n"
+    assert not any(Path(path, "trialtool-escape").exists() for path in ("/usr", "/etc", home, box.root))
+
+
+def test_no_privilege_to_undo_the_sandbox(box: Sandboxed) -> None:
+    script = (
+        "grep -q '^CapEff:.0000000000000000$' /proc/self/status && echo no-capabilities; "
+        "mount -o remount,rw / 2>/dev/null && echo LEAK-remount; "
+        "touch /etc/trialtool-escape 2>/dev/null && echo LEAK-etc; "
+        f"{PY} -c 'import os; os.unshare(os.CLONE_NEWUSER)' 2>/dev/null && echo LEAK-userns; "
+        "echo done"
+    )
+    done = box.sh(script)
+    assert done.stdout == "no-capabilities\ndone\n", done.stderr
+
+
+def test_no_trial_tool_process_is_visible(box: Sandboxed) -> None:
+    # Every process the command can see is its own or bwrap's: no ancestor's descriptors to write to.
+    code = (
+        "import os\n"
+        "for pid in sorted(int(p) for p in os.listdir('/proc') if p.isdigit()):\n"
+        "    print(pid, open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')[0].decode())\n"
+    )
+    done = box.call(PY, "-c", code)
+    assert done.returncode == 0, done.stderr
+    seen = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert all("trialtool" not in name and "trial-tool" not in name for name in seen.values()), seen
+    assert max(int(pid) for pid in seen) < 10  # a fresh pid namespace
+
+
+def test_no_network_but_loopback(box: Sandboxed) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('LEAK')"
+        done = box.call(PY, "-c", code)
+        assert done.returncode != 0 and "LEAK" not in done.stdout
+        assert "ConnectionRefusedError" in done.stderr
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+
+
+def test_network_host_reaches_the_host(tmp_path: Path) -> None:
+    box = Sandboxed(tmp_path, "beside")
+    box.pinned += ["--network", "host"]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        done = box.call(PY, "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)")
+        assert done.returncode == 0, done.stderr
+        listener.settimeout(5)
+        listener.accept()[0].close()
+    assert box.state_json()["sandbox"]["network"] == "host"
+
+
+@pytest.mark.timeout(90)
+def test_no_process_survives_the_call(box: Sandboxed, marker: str) -> None:
+    script = (
+        f"setsid sleep 300 {marker} & "
+        f"(sh -c 'sleep 300 {marker}' &) ; "
+        f"{PY} -c 'import os, time; os.fork() or (os.setsid(), time.sleep(300))' {marker} & "
+        "echo started"
+    )
+    done = box.sh(script)
+    assert done.stdout == "started\n", done.stderr
+    assert marked(marker) == []
+    assert box.records()[-1]["processes_surviving"] == []
+
+
+def test_a_deadline_still_gives_the_command_its_grace(box: Sandboxed) -> None:
+    done = box.sh("trap 'echo cleaned up; exit 3' TERM; sleep 30 & wait", flags=("--call-timeout", "1"))
+    assert done.returncode == 124
+    assert done.stdout.startswith("cleaned up\n"), done.stdout + done.stderr
+    assert box.records()[-1]["status"] == "timeout"
+
+
+def test_tmp_persists_within_the_trial_and_only_there(tmp_path: Path) -> None:
+    first = Sandboxed(tmp_path / "a", "beside") if (tmp_path / "a").mkdir() is None else None
+    assert first is not None
+    assert first.sh("echo kept > /tmp/note").returncode == 0
+    assert first.sh("cat /tmp/note").stdout == "kept\n"
+    (tmp_path / "b").mkdir()
+    other = Sandboxed(tmp_path / "b", "beside")
+    done = other.sh("cat /tmp/note")
+    assert done.returncode != 0 and done.stdout == ""
+
+
+def test_the_workspace_tools_work(box: Sandboxed) -> None:
+    assert box.call(PY, "-c", "print(6 * 7)").stdout == "42\n"
+    pip = box.call(PY, "-m", "pip", "--version")
+    assert pip.returncode == 0 and pip.stdout.startswith("pip "), pip.stderr
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    done = box.sh("git init -q . && echo hello > tracked.txt && git status --porcelain")
+    assert done.returncode == 0, done.stderr
+    assert "?? tracked.txt" in done.stdout
+
+
+def test_writable_paths_are_writable(tmp_path: Path) -> None:
+    box = Sandboxed(tmp_path, "beside")
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    box.pinned += ["--writable", str(extra)]
+    assert box.sh(f"echo out > {extra}/file").returncode == 0
+    assert (extra / "file").read_text() == "out\n"
+    assert box.state_json()["sandbox"]["writable"] == [str(extra)]
+
+
+def test_exit_codes_are_the_commands(box: Sandboxed) -> None:
+    assert box.sh("exit 7").returncode == 7
+    killed = box.sh("kill -9 $$")
+    assert killed.returncode == 137
+    assert box.call("no-such-command-here").returncode == 127
+    script = box.workspace / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    assert box.call(str(script)).returncode == 126
+    statuses = [record["status"] for record in box.records()]
+    assert statuses == ["error", "error", "command_error", "command_error"]
+
+
+def test_the_sandbox_settings_are_pinned(box: Sandboxed) -> None:
+    assert box.sh("true").returncode == 0
+    box.pinned = ["--sandbox", "none"]
+    refused = box.sh("true")
+    assert refused.returncode == 125 and "--sandbox \"none\" differs" in refused.stderr
+    box.pinned = ["--sandbox", "auto"]
+    assert box.sh("true").returncode == 0
+    box.pinned = ["--network", "host"]
+    assert "--network \"host\" differs" in box.sh("true").stderr
+    box.pinned = ["--workspace", str(box.root)]
+    assert "--workspace" in box.sh("true").stderr
+    box.assert_intact(2)
+
+
+def test_a_sandbox_that_cannot_run_fails_closed_before_charging(box: Sandboxed) -> None:
+    assert box.sh("true").returncode == 0
+    before = box.state.read_bytes()
+    # A bwrap that cannot make namespaces, as on a machine that refuses them, first on PATH.
+    fake = box.root / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+    argv = [PY, "-m", "trialtool", *box.flags, "--", "echo", "hi"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=box.workspace, env=env)
+    assert done.returncode == 125 and done.stdout == ""
+    assert "No permissions to create new namespace" in done.stderr
+    assert done.stderr.count("\n") == 1
+    assert box.state.read_bytes() == before
+
+
+def test_calls_of_a_trial_inside_its_workspace_run_one_at_a_time(tmp_path: Path) -> None:
+    box = Sandboxed(tmp_path, "inside")
+    assert box.sh("true").returncode == 0
+    argv = [PY, "-m", "trialtool", *box.flags, "--", "sh", "-c", "sleep 0.3"]
+    procs = [subprocess.Popen(argv, cwd=box.workspace) for _ in range(3)]
+    try:
+        assert [proc.wait(timeout=60) for proc in procs] == [0, 0, 0]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    spans = sorted((record["started_at_utc"], record["ended_at_utc"]) for record in box.records()[1:])
+    assert all(earlier[1] <= later[0] for earlier, later in itertools.pairwise(spans)), spans
+    box.assert_intact(4)
+
+
+def test_the_api_door_is_sandboxed(tmp_path: Path) -> None:
+    from trialtool import Trial
+
+    box = Sandboxed(tmp_path, "beside")
+    limits = {"sandbox": "bwrap", "workspace": str(box.workspace)}
+    with Trial(box.state, box.log, limits=limits, key=KEY.encode(), hidden_files=[box.key]) as trial:
+        result = trial.run(f"cat {box.state} {box.key}; echo x > {box.root}/escape; pwd", cwd=box.workspace)
+    assert result.record["sandbox"] == "bwrap"
+    assert result.stdout == f"{box.workspace}\n"
+    assert KEY not in result.stderr and not (box.root / "escape").exists()
+
+
+def test_the_shim_door_is_sandboxed(tmp_path: Path) -> None:
+    box = Sandboxed(tmp_path, "beside")
+    shims = tmp_path / "shims"
+    argv = [PY, "-m", "trialtool", "shim", str(shims), *box.flags, *box.pinned]
+    installed = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=box.workspace)
+    assert installed.returncode == 0, installed.stderr
+    done = subprocess.run(
+        [str(shims / "sh"), "-c", f"cat {box.key}; echo done"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=box.workspace,
+    )
+    assert done.stdout == "done\n" and KEY not in done.stderr
+    assert box.records()[-1]["sandbox"] == "bwrap"
+
+
+def test_the_serve_door_is_sandboxed(tmp_path: Path) -> None:
+    box = Sandboxed(tmp_path, "beside")
+    request = json.dumps({"id": 1, "method": "run", "params": {"command": f"cat {box.key}; echo done"}}) + "\n"
+    argv = [PY, "-m", "trialtool", "serve", *box.flags, *box.pinned]
+    started = time.monotonic()
+    served = subprocess.run(argv, input=request, capture_output=True, text=True, timeout=60, cwd=box.workspace)
+    assert time.monotonic() - started < 60
+    reply = json.loads(served.stdout.splitlines()[0])["result"]
+    assert reply["stdout"] == "done\n" and KEY not in reply["stderr"], reply
+    assert box.records()[-1]["sandbox"] == "bwrap"
