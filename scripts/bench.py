@@ -8,7 +8,8 @@ overhead (their difference) and the ratio, plus what the imports cost. Targets:
 a cold CLI call with no output at most 80 ms over bare; a call with output
 pays for the encoder once and tokenizes once; the per-call overhead of a warm
 front door over a bare `subprocess.run` of `echo hello` in the same process:
-the API at most 5 ms, `serve` 10 ms, an MCP tool call 20 ms.
+the API at most 5 ms, `serve` 10 ms, an MCP tool call 20 ms; the bwrap
+sandbox at most 15 ms over no sandbox, warm.
 """
 
 from __future__ import annotations
@@ -26,6 +27,32 @@ from pathlib import Path
 
 TARGET_NO_OUTPUT_MS = 80.0
 TARGET_WARM_MS = {"API": 5.0, "serve": 10.0, "MCP": 20.0}
+TARGET_SANDBOX_WARM_MS = 15.0
+
+# Runs in a fresh interpreter: the warm API with `--sandbox none` and `bwrap`, call by call
+# in turns, for `true` and `echo hello`. Prints JSON: case -> [none s, bwrap s].
+_SANDBOX_WARM = r"""
+import json, statistics, sys, tempfile, time
+from pathlib import Path
+from trialtool import Trial
+runs = int(sys.argv[1])
+root = Path(tempfile.mkdtemp())
+(root / "ws").mkdir()
+limits = {"max_calls": 1000000, "max_tokens": 10**9, "workspace": str(root / "ws")}
+out = {}
+with Trial(root / "n.json", root / "n.jsonl", limits={**limits, "sandbox": "none"}) as none, \
+        Trial(root / "b.json", root / "b.jsonl", limits={**limits, "sandbox": "bwrap"}) as boxed:
+    for argv in (["true"], ["echo", "hello"]):
+        for trial in (none, boxed):
+            for _ in range(3):
+                trial.run(argv)
+        times = {id(none): [], id(boxed): []}
+        for _ in range(runs):
+            for trial in (none, boxed):
+                t = time.perf_counter(); trial.run(argv); times[id(trial)].append(time.perf_counter() - t)
+        out[" ".join(argv)] = [statistics.median(times[id(none)]), statistics.median(times[id(boxed)])]
+print(json.dumps(out))
+"""
 
 # Runs in a fresh interpreter: bare `subprocess.run` and each warm front door take
 # turns call by call, so that the machine's drift hits both alike. Prints JSON.
@@ -202,6 +229,45 @@ def warm_figures(tool: str, python: str, runs: int) -> None:
             )
 
 
+def sandbox_figures(tool: str, work: Path, python: str, runs: int) -> None:
+    """What --sandbox bwrap adds to a call over --sandbox none: cold CLI and warm API, interleaved."""
+    from trialtool import sandbox
+
+    print("\nsandbox, --sandbox bwrap over --sandbox none, median ms:")
+    reason = sandbox.unavailable()
+    if reason is not None:
+        print(f"  not measured: {reason}")
+        return
+    print(f"  {'case':<26}{'none':>8}{'bwrap':>8}{'added':>8}{'ratio':>8}")
+    (work / "ws").mkdir(exist_ok=True)
+    for argv in (["true"], ["echo", "hello"]):
+        commands = {}
+        for mode in ("none", "bwrap"):
+            name = f"sandbox-{mode}-{argv[0]}"
+            flags = ["--sandbox", mode, "--workspace", str(work / "ws"), "--max-calls", "1000000"]
+            commands[mode] = [tool, "--state", str(work / f"{name}.json"), "--log", str(work / f"{name}.jsonl"), *flags]
+            commands[mode] += ["--", *argv]
+            median_seconds(commands[mode], 2)
+        times: dict[str, list[float]] = {"none": [], "bwrap": []}
+        for _ in range(runs):
+            for mode in ("none", "bwrap"):
+                started = time.perf_counter()
+                subprocess.run(commands[mode], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+                times[mode].append(time.perf_counter() - started)
+        none, boxed = statistics.median(times["none"]), statistics.median(times["bwrap"])
+        label = f"cold CLI `{' '.join(argv)}`"
+        print(f"  {label:<26}{none * 1000:>8.1f}{boxed * 1000:>8.1f}{(boxed - none) * 1000:>8.1f}{boxed / none:>7.2f}x")
+    done = subprocess.run([python, "-c", _SANDBOX_WARM, str(runs)], capture_output=True, text=True, check=True)
+    for case, (none, boxed) in json.loads(done.stdout).items():
+        added = (boxed - none) * 1000
+        verdict = "meets" if added <= TARGET_SANDBOX_WARM_MS else "MISSES"
+        label = f"warm API `{case}`"
+        print(
+            f"  {label:<26}{none * 1000:>8.1f}{boxed * 1000:>8.1f}{added:>8.1f}{boxed / none:>7.2f}x"
+            f"  {verdict} {TARGET_SANDBOX_WARM_MS:.0f}"
+        )
+
+
 def ledger_figures(tool: str, work: Path, python: str) -> None:
     """20 parallel calls against their serial time, and the ledger's own cost."""
     print("\nledger:")
@@ -286,6 +352,7 @@ def main() -> int:
     warm_figures(tool, python, args.runs)
     memory_figures(tool, work, python)
     stopping(tool, work, python, no_output)
+    sandbox_figures(tool, work, python, args.runs)
     ledger_figures(tool, work, python)
     print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")
     for module in ("trialtool.doors.cli", "tiktoken", "psutil", "filelock"):

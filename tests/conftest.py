@@ -160,3 +160,10 @@ def _no_network_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
     monkeypatch.delenv("DATA_GYM_CACHE_DIR", raising=False)
     monkeypatch.delenv(tokens.RANK_FILE_ENV, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _run_from_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sandboxed command writes only in its workspace, by default the directory the trial
+    # was created from: each test runs from its own tmp_path, where its commands write.
+    monkeypatch.chdir(tmp_path)

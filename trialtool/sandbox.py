@@ -9,8 +9,9 @@ paths become canonical (symlinks resolved). The state keeps the result;
 `check_pinned` refuses a later use that asks for something else. How one call
 is then wrapped in bubblewrap is process/bwrap.py's.
 
-Only what is cheap lives here (no process is started at import or by a check
-of pinned settings), since the CLI reads this before every call.
+Also here, because creating a trial needs it: whether bwrap can run on this
+machine at all (`unavailable`). Nothing runs at import or when pinned settings
+are checked; the CLI reads this module on every call.
 """
 
 from __future__ import annotations
@@ -50,6 +51,76 @@ class Sandbox(NamedTuple):
 
 #: What a trial created before sandboxes existed holds: nothing.
 UNSANDBOXED = Sandbox()
+
+
+#: Namespaces, privileges and lifetime: the same for every call and for the probe.
+ISOLATION = (
+    "--unshare-all",
+    "--unshare-user",
+    "--disable-userns",
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop",
+    "ALL",
+)
+_UNAVAILABLE: list[str | None] = []
+
+
+def program() -> str | None:
+    """The bwrap executable: on trial-tool's PATH, else /usr/bin/bwrap; None if there is none."""
+    for directory in [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin"]:
+        candidate = os.path.join(directory or ".", "bwrap")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return os.path.abspath(candidate)
+    return None
+
+
+def unavailable() -> str | None:
+    """Why the bwrap sandbox cannot run here, or None when it can; checked once per process.
+
+    The check runs `true` in a sandbox made as a call's is (~5 ms): bwrap can be
+    installed and still be refused the namespaces it needs (user namespaces
+    disabled, a container without them).
+    """
+    if not _UNAVAILABLE:
+        _UNAVAILABLE.append(_probe())
+    return _UNAVAILABLE[0]
+
+
+def _probe() -> str | None:
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return "bubblewrap runs on Linux only"
+    path = program()
+    if path is None:
+        return "bubblewrap is not installed (apt-get install bubblewrap, dnf install bubblewrap)"
+    argv = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *ISOLATION, "--", "true"]
+    err_r, err_w = os.pipe()
+    try:
+        pid = os.posix_spawn(
+            path,
+            argv,
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+            ],
+        )
+    except OSError as exc:
+        os.close(err_r)
+        return f"{path} cannot be executed: {exc.strerror}"
+    finally:
+        os.close(err_w)
+    with os.fdopen(err_r, "rb") as stream:
+        said = stream.read(4096)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) == 0:
+        return None
+    line = said.decode("utf-8", "replace").strip().splitlines()
+    why = line[-1] if line else f"exit status {os.waitstatus_to_exitcode(status)}"
+    return f"bubblewrap cannot make a sandbox here ({why}); are user namespaces disabled? see docs/sandbox.md"
 
 
 def split(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -116,9 +187,7 @@ def pin(settings: dict[str, Any]) -> Sandbox:
     workspace, writable = _paths(settings)
     mode = settings.get("sandbox") or "auto"
     if mode != "none":
-        from .process import bwrap  # runs a tiny sandbox: only now, when a trial is created
-
-        reason = bwrap.unavailable()
+        reason = unavailable()  # runs a tiny sandbox: only now, when a trial is created
         if reason is None:
             mode = "bwrap"
         elif mode == "bwrap" or settings.get("network") == "none":
@@ -176,4 +245,17 @@ def from_state(data: Any) -> Sandbox:
     return Sandbox(data["mode"], data["network"], workspace, tuple(writable))
 
 
-__all__ = ["MODES", "NETWORKS", "SETTINGS", "UNSANDBOXED", "Sandbox", "check_pinned", "from_state", "pin", "split"]
+__all__ = [
+    "ISOLATION",
+    "MODES",
+    "NETWORKS",
+    "SETTINGS",
+    "UNSANDBOXED",
+    "Sandbox",
+    "check_pinned",
+    "from_state",
+    "pin",
+    "program",
+    "split",
+    "unavailable",
+]

@@ -269,7 +269,8 @@ class Trial:
         try:
             run_argv = argv
             if sandboxed:
-                run_argv = sandboxed[0].wrap(argv, spawn["cwd"] or os.getcwd(), reservation.trial_id)
+                cwd = spawn["cwd"] or os.getcwd()
+                run_argv = sandboxed[0].wrap(argv, cwd, reservation.trial_id, reservation.limits.max_open_files)
             outcome = launcher.run(
                 run_argv,
                 started=started,

@@ -32,81 +32,12 @@ from typing import NamedTuple
 
 from ..errors import UsageError
 from ..osio import plain
-from ..sandbox import Sandbox
+from ..sandbox import ISOLATION, Sandbox, program, unavailable
 
-#: Namespaces, privileges and lifetime: the same for every call and for the probe.
-_ISOLATION = (
-    "--unshare-all",
-    "--unshare-user",
-    "--disable-userns",
-    "--die-with-parent",
-    "--new-session",
-    "--cap-drop",
-    "ALL",
-)
 #: The descriptor bwrap writes its JSON status to, in bwrap's own process.
 STATUS_FD = 3
 #: Processes of bwrap's own in the command's tree: its monitor, and the pid namespace's init.
 OWN_PROCESSES = 2
-
-_UNAVAILABLE: list[str | None] = []
-
-
-def program() -> str | None:
-    """The bwrap executable: on trial-tool's PATH, else /usr/bin/bwrap; None if there is none."""
-    for directory in [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin"]:
-        candidate = os.path.join(directory or ".", "bwrap")
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return os.path.abspath(candidate)
-    return None
-
-
-def unavailable() -> str | None:
-    """Why the bwrap sandbox cannot run here, or None when it can; checked once per process.
-
-    The check runs `true` in a sandbox made as a call's is (~5 ms): bwrap can be
-    installed and still be refused the namespaces it needs (user namespaces
-    disabled, a container without them).
-    """
-    if not _UNAVAILABLE:
-        _UNAVAILABLE.append(_probe())
-    return _UNAVAILABLE[0]
-
-
-def _probe() -> str | None:
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return "bubblewrap runs on Linux only"
-    path = program()
-    if path is None:
-        return "bubblewrap is not installed (apt-get install bubblewrap, dnf install bubblewrap)"
-    argv = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *_ISOLATION, "--", "true"]
-    err_r, err_w = os.pipe()
-    try:
-        pid = os.posix_spawn(
-            path,
-            argv,
-            os.environ,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_DUP2, err_w, 2),
-            ],
-        )
-    except OSError as exc:
-        os.close(err_r)
-        return f"{path} cannot be executed: {exc.strerror}"
-    finally:
-        os.close(err_w)
-    with os.fdopen(err_r, "rb") as stream:
-        said = stream.read(4096)
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) == 0:
-        return None
-    line = said.decode("utf-8", "replace").strip().splitlines()
-    why = line[-1] if line else f"exit status {os.waitstatus_to_exitcode(status)}"
-    return f"bubblewrap cannot make a sandbox here ({why}); are user namespaces disabled? see docs/sandbox.md"
 
 
 def _inside(path: str, root: str) -> bool:
@@ -158,8 +89,14 @@ def layout(sandbox: Sandbox, files: list[str]) -> Layout:
     return Layout(tuple(sorted(covered)), tuple(sorted(overmounted)), tuple(sorted(held)))
 
 
-def arguments(path: str, sandbox: Sandbox, hide: Layout, tmp_dir: str, cwd: str, argv: list[str]) -> list[str]:
-    """The argv that runs `argv` in `sandbox` with the trial's files hidden as `hide` says."""
+def arguments(
+    path: str, sandbox: Sandbox, hide: Layout, tmp_dir: str, cwd: str, argv: list[str], open_files: int = 0
+) -> list[str]:
+    """The argv that runs `argv` in `sandbox` with the trial's files hidden as `hide` says.
+
+    `open_files` (the trial's --max-open-files) is set by a shell inside the sandbox, just
+    before it becomes the command: bwrap cannot set a sandbox up within a small limit.
+    """
     wrapped = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
     if sandbox.network == "host":
         resolver = os.path.realpath("/etc/resolv.conf")
@@ -181,9 +118,11 @@ def arguments(path: str, sandbox: Sandbox, hide: Layout, tmp_dir: str, cwd: str,
         wrapped += ["--ro-bind", "/dev/null", name]
     for directory in hide.covered:
         wrapped += ["--remount-ro", directory]
-    wrapped += ["--chdir", cwd, *_ISOLATION]
+    wrapped += ["--chdir", cwd, *ISOLATION]
     if sandbox.network == "host":
         wrapped.append("--share-net")
+    if open_files:
+        argv = ["/bin/sh", "-c", f'ulimit -n {open_files} && exec "$@"', "sh", *argv]
     wrapped += ["--json-status-fd", str(STATUS_FD), "--", *argv]
     return wrapped
 
@@ -241,7 +180,7 @@ class Plan:
             msg = f"the call's directory {plain(cwd)} is hidden in the sandbox (it holds the trial's files)"
             raise UsageError(msg)
 
-    def wrap(self, argv: list[str], cwd: str, trial_id: str) -> list[str]:
+    def wrap(self, argv: list[str], cwd: str, trial_id: str, open_files: int = 0) -> list[str]:
         """The bwrap command line that runs `argv` in `cwd` for a call of the trial `trial_id`."""
         path = program()
         if path is None:
@@ -251,7 +190,7 @@ class Plan:
         present = self.layout._replace(
             overmounted=tuple(name for name in self.layout.overmounted if os.path.lexists(name))
         )
-        return arguments(path, self.sandbox, present, tmp_directory(self.state_path, trial_id), cwd, argv)
+        return arguments(path, self.sandbox, present, tmp_directory(self.state_path, trial_id), cwd, argv, open_files)
 
 
 def tmp_directory(state_path: str, trial_id: str) -> str:

@@ -82,8 +82,12 @@ class Signals:
             pass
 
 
-def _limits_for_exec(limits: Limits, group: CallGroup) -> list[tuple[int, tuple[int, int]]]:
-    """The command's resource limits; no core dumps is set on the supervisor itself, and inherited."""
+def _limits_for_exec(limits: Limits, group: CallGroup, sandboxed: bool) -> list[tuple[int, tuple[int, int]]]:
+    """The command's resource limits; no core dumps is set on the supervisor itself, and inherited.
+
+    In a sandbox the open-files limit is set inside it (bwrap.py): bwrap itself needs more
+    descriptors than a small limit allows while it sets the sandbox up.
+    """
     rlimits = []
     if limits.max_cpu_seconds:
         # The soft limit sends SIGXCPU; one second later the hard limit sends SIGKILL.
@@ -91,7 +95,7 @@ def _limits_for_exec(limits: Limits, group: CallGroup) -> list[tuple[int, tuple[
         rlimits.append((resource.RLIMIT_CPU, (soft, soft + 1)))
     if limits.max_file_size:
         rlimits.append((resource.RLIMIT_FSIZE, (limits.max_file_size, limits.max_file_size)))
-    if limits.max_open_files:
+    if limits.max_open_files and not sandboxed:
         rlimits.append((resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files)))
     if limits.max_memory and group.memory is None:
         # No memory cgroup: a per-process address-space cap is the fallback.
@@ -115,7 +119,7 @@ def supervise(
     status_r = status_w = -1
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        rlimits = _limits_for_exec(limits, group)
+        rlimits = _limits_for_exec(limits, group, spec.sandboxed)
 
         def before_exec() -> None:
             group.join()
