@@ -8,7 +8,7 @@ import pytest
 
 from trialtool import LimitMismatch, Limits, UsageError
 from trialtool.doors.options import OPTIONS
-from trialtool.limits import BOUNDS, check_pinned, from_overrides, from_state, validate
+from trialtool.limits import BOUNDS, SANDBOX_SETTINGS, check_pinned, from_overrides, from_state, validate
 
 ACCEPTED = [
     # (overrides, the field to look at, its normalised value)
@@ -66,7 +66,7 @@ def test_defaults_validate_to_themselves() -> None:
 
 def test_every_limit_has_one_bound_and_one_flag() -> None:
     flags = {dest for _, dest, _, _, group, _ in OPTIONS if group and group.startswith("limits")}
-    assert flags == set(Limits._fields)
+    assert flags == set(Limits._fields) | set(SANDBOX_SETTINGS)
     assert set(BOUNDS) == set(Limits._fields) - {"clip"}
 
 

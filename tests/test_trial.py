@@ -108,9 +108,15 @@ def test_threads_share_one_trial_exactly(trial: TrialFiles) -> None:
     assert verify(trial.state, trial.log).ok
 
 
-def test_async_tasks_run_at_once(api: Trial, trial: TrialFiles) -> None:
+def test_async_tasks_run_at_once(trial: TrialFiles) -> None:
+    # The trial's files beside the workspace: calls of a trial inside it run one at a time.
+    workspace = trial.root / "ws"
+    workspace.mkdir()
+    api = Trial(trial.state, trial.log, limits={"workspace": str(workspace)})
+
     async def main() -> list[CallResult]:
-        return await asyncio.gather(*(api.arun(f"sleep 0.3; echo {n}") for n in range(4)))
+        with api:
+            return await asyncio.gather(*(api.arun(f"sleep 0.3; echo {n}", cwd=workspace) for n in range(4)))
 
     results = asyncio.run(main())
     assert sorted(r.stdout for r in results) == ["0\n", "1\n", "2\n", "3\n"]

@@ -81,12 +81,17 @@ def test_spent_budget_is_a_tool_error(trial: TrialFiles) -> None:
 
 
 def test_calls_run_at_once(trial: TrialFiles) -> None:
+    # The trial's files beside the workspace: calls of a trial inside it run one at a time.
+    workspace = trial.root / "ws"
+    workspace.mkdir()
+
     async def body(client: Any) -> None:
         async with anyio.create_task_group() as group:
             for n in range(3):
-                group.start_soon(client.call_tool, "run_shell", {"command": f"sleep 0.3; echo {n}"})
+                request = {"command": f"sleep 0.3; echo {n}", "cwd": str(workspace)}
+                group.start_soon(client.call_tool, "run_shell", request)
 
-    with_client(trial, body)
+    with_client(trial, body, "--workspace", str(workspace))
     spans = sorted((row["started_at_utc"], row["ended_at_utc"]) for row in trial.records())
     assert len(spans) == 3
     assert any(later[0] < earlier[1] for earlier, later in itertools.pairwise(spans))

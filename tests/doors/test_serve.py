@@ -115,7 +115,11 @@ def test_command_output_never_reaches_the_protocol(trial: TrialFiles) -> None:
     assert response["result"]["stdout"].startswith('{"jsonrpc"')
     assert "to-stderr" in response["result"]["stderr"]
     # Nor can it write to descriptor 1 of the server or any other ancestor: it is stderr or /dev/null there.
-    code, responses, stderr = session(trial, lines({"id": 2, "method": "run", "params": {"command": ESCAPE}}))
+    # (Unsandboxed: in the sandbox, the command sees no ancestor of trial-tool's at all.)
+    other = TrialFiles(trial.root / "unsandboxed")
+    other.root.mkdir()
+    request = lines({"id": 2, "method": "run", "params": {"command": ESCAPE}})
+    code, responses, stderr = session(other, request, "--sandbox", "none")
     assert code == 0 and [r["id"] for r in responses] == [2]
     assert responses[0]["result"]["stdout"] == "climbed\n"
     assert b'"result":{}' in stderr  # it did write to the server's descriptor 1, which is stderr now

@@ -38,9 +38,13 @@ def assert_verified(trial: TrialFiles) -> dict[str, Any]:
 
 @pytest.mark.timeout(120)
 def test_twenty_parallel_calls_against_twelve_overlap(trial: TrialFiles) -> None:
-    assert trial.cli("init", "--state", str(trial.state), "--log", str(trial.log)).returncode == 0
+    # The trial's files beside the workspace: calls of a trial inside it run one at a time.
+    workspace = trial.root / "ws"
+    workspace.mkdir()
+    init = trial.cli("init", "--state", str(trial.state), "--log", str(trial.log), "--workspace", str(workspace))
+    assert init.returncode == 0
     started = time.monotonic()
-    codes = [code for code, _ in trial.parallel(trial.argv("--", "sleep", "0.5"), 20)]
+    codes = [code for code, _ in trial.parallel(trial.argv("--cwd", str(workspace), "--", "sleep", "0.5"), 20)]
     wall = time.monotonic() - started
     assert sorted(codes) == [0] * 12 + [123] * 8
     assert wall < 12 * 0.5  # serial would take at least 6 s; parallel calls overlap

@@ -163,9 +163,18 @@ def _limit_call(
 
 @pytest.mark.timeout(60)
 def test_cpu_limit(trial: TrialFiles) -> None:
-    done, record = _limit_call(trial, "while True: pass", "--max-cpu-seconds", "1", "--call-timeout", "20")
+    flags = ("--max-cpu-seconds", "1", "--call-timeout", "20", "--sandbox", "none")
+    done, record = _limit_call(trial, "while True: pass", *flags)
     assert record["status"] == "cpu_limit", done.stderr
     assert record["command_signal"] in (signal.SIGXCPU, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+def test_cpu_limit_in_the_sandbox(trial: TrialFiles) -> None:
+    # bwrap reports a signal as 128 + N, which is how the limit is still recognised.
+    done, record = _limit_call(trial, "while True: pass", "--max-cpu-seconds", "1", "--call-timeout", "20")
+    assert record["status"] == "cpu_limit", done.stderr
+    assert done.returncode in (128 + signal.SIGXCPU, 128 + signal.SIGKILL)
 
 
 @pytest.mark.timeout(60)
@@ -280,6 +289,7 @@ def test_clean_env_keeps_only_the_minimal_set(trial: TrialFiles) -> None:
         "USER",
         "LOGNAME",
         "SHELL",
+        "PWD",  # bwrap sets it to the working directory it changes to, as a shell would
     }
 
 

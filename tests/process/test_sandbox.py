@@ -16,6 +16,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -365,3 +366,28 @@ def test_resource_limits_hold_inside(tmp_path: Path, marker: str) -> None:
     # The pids cgroup refuses the fork (the shell gives up: exit 2), or, without cgroups, the sweep stops it (124).
     assert (forks.returncode, box.records()[-1]["status"]) in ((2, "process_limit"), (124, "process_limit")), forks
     assert marked(marker) == []
+
+
+@pytest.mark.timeout(120)
+def test_as_a_non_root_user_the_sandbox_holds(tmp_path: Path) -> None:
+    from tests.process.test_descriptors import _nobody_python
+
+    work = Path(tempfile.mkdtemp(prefix="trialtool-nobody-"))
+    try:
+        work.chmod(0o755)
+        python = _nobody_python(work / "lib")
+        box = Sandboxed(work / "t", "inside") if (work / "t").mkdir() is None else None
+        assert box is not None
+        for path in (work / "t", box.workspace):
+            os.chown(path, 65534, 65534)
+        os.chown(box.key, 65534, 65534)
+        argv = [*python, "-m", "trialtool", *box.flags, *box.pinned, "--"]
+        script = f"cat {box.state} {box.key} && echo LEAK; mv {box.state} x && echo LEAK; echo made > here; id -u"
+        done = subprocess.run(
+            [*argv, "sh", "-c", script], capture_output=True, text=True, timeout=60, cwd=box.workspace
+        )
+        assert done.returncode == 0 and done.stdout == "65534\n", done.stderr
+        assert (box.workspace / "here").read_text() == "made\n"
+        assert box.records()[0]["sandbox"] == "bwrap"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
