@@ -238,17 +238,18 @@ class Trial:
                 msg = f"{interrupt.reason} before the call started; nothing ran and nothing is charged"
                 raise Interrupted(msg, interrupt.signum)
 
-        sandboxed: list[Plan] = []
+        #: The sandbox plan and the trial's /tmp, when the trial is sandboxed.
+        sandboxed: list[tuple[Plan, str]] = []
 
         def preflight(state: TrialState) -> None:
             self._check_rank_file(state)
             sandboxed.clear()
             if state.sandbox.mode != "none":
                 plan = self._plan(state.sandbox)
-                plan.check(spawn["cwd"] or os.getcwd())
+                tmp_dir = plan.check(spawn["cwd"] or os.getcwd(), state.trial_id)
                 # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
                 fsio.touch(self.ledger.log_path)
-                sandboxed.append(plan)
+                sandboxed.append((plan, tmp_dir))
 
         def one_at_a_time(state: TrialState) -> bool:
             return state.sandbox.mode != "none" and self._plan(state.sandbox).layout.exposed
@@ -269,8 +270,8 @@ class Trial:
         try:
             run_argv = argv
             if sandboxed:
-                cwd = spawn["cwd"] or os.getcwd()
-                run_argv = sandboxed[0].wrap(argv, cwd, reservation.trial_id, reservation.limits.max_open_files)
+                plan, tmp_dir = sandboxed[0]
+                run_argv = plan.wrap(argv, spawn["cwd"] or os.getcwd(), tmp_dir, reservation.limits.max_open_files)
             outcome = launcher.run(
                 run_argv,
                 started=started,

@@ -101,6 +101,9 @@ def test_the_trial_files_cannot_be_read_written_or_moved(box: Sandboxed) -> None
             f"rm {path} && echo LEAK-delete-{path.name}",
         ]
     attempts.append(f"cat {box.key} && echo LEAK-key")
+    # The trial's /tmp, replaced by a link to where the next call would then write.
+    tmp = f"{box.state.parent}/.state.json.sandbox-tmp-*"
+    attempts.append(f"mv {tmp} {box.workspace}/moved-tmp && ln -s /etc {tmp} && echo LEAK-tmp")
     # The directory holding them, renamed or replaced (a fresh trial's budget).
     attempts.append(f"mv {box.state.parent} {box.state.parent}.moved && echo LEAK-dir")
     done = box.sh("; ".join(attempts) + "; echo done")

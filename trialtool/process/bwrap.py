@@ -111,7 +111,10 @@ def arguments(
     roots = sorted({path for path in (sandbox.workspace, *sandbox.writable) if path is not None}, key=len)
     for root in roots:
         wrapped += ["--bind", root, root]
-    for directory in sorted(hide.held, key=len):
+    held = set(hide.held)
+    if any(_inside(tmp_dir, root) for root in roots):
+        held.add(tmp_dir)  # beside a state in the workspace: not to be renamed or replaced by a link
+    for directory in sorted(held, key=len):
         wrapped += ["--bind", directory, directory]
     for name in hide.overmounted:
         # A device node on a nodev mount: it can be neither opened nor replaced.
@@ -165,23 +168,31 @@ class Plan:
         self.files = files
         self.layout = layout(sandbox, files)
 
-    def check(self, cwd: str) -> None:
-        """Before the call is charged: SandboxError if bwrap cannot run here, UsageError if `cwd` is hidden."""
+    def check(self, cwd: str, trial_id: str) -> str:
+        """Before the call is charged: the trial's /tmp, made if need be.
+
+        SandboxError if bwrap cannot run here or a writable path is gone, UsageError
+        if `cwd` is hidden in the sandbox.
+        """
+        from ..errors import SandboxError
+
         reason = unavailable()
         if reason is not None:
-            from ..errors import SandboxError
-
             raise SandboxError(f"this trial runs its commands in the bwrap sandbox, which cannot run here: {reason}")
-        real = os.path.realpath(cwd)
         roots = [path for path in (self.sandbox.workspace, *self.sandbox.writable) if path is not None]
+        for root in roots:
+            if not os.path.exists(root):
+                raise SandboxError(f"the trial's writable path {plain(root)} no longer exists")
+        real = os.path.realpath(cwd)
         if any(_inside(real, directory) for directory in self.layout.covered) and not any(
             _inside(real, root) for root in roots
         ):
             msg = f"the call's directory {plain(cwd)} is hidden in the sandbox (it holds the trial's files)"
             raise UsageError(msg)
+        return tmp_directory(self.state_path, trial_id)
 
-    def wrap(self, argv: list[str], cwd: str, trial_id: str, open_files: int = 0) -> list[str]:
-        """The bwrap command line that runs `argv` in `cwd` for a call of the trial `trial_id`."""
+    def wrap(self, argv: list[str], cwd: str, tmp_dir: str, open_files: int = 0) -> list[str]:
+        """The bwrap command line that runs `argv` in `cwd`, with `tmp_dir` (from `check`) as its /tmp."""
         path = program()
         if path is None:
             from ..errors import SandboxError
@@ -190,14 +201,15 @@ class Plan:
         present = self.layout._replace(
             overmounted=tuple(name for name in self.layout.overmounted if os.path.lexists(name))
         )
-        return arguments(path, self.sandbox, present, tmp_directory(self.state_path, trial_id), cwd, argv, open_files)
+        return arguments(path, self.sandbox, present, tmp_dir, cwd, argv, open_files)
 
 
 def tmp_directory(state_path: str, trial_id: str) -> str:
     """The trial's own /tmp: a directory beside its state, made (0700) on first use, never a symlink.
 
-    Checked before every call: in a trial whose state sits in its workspace a
-    command could have replaced it, between calls, with a link to somewhere else.
+    Checked before every call: bwrap follows a link, and in a trial whose state sits in
+    its workspace the directory is reachable by the command (bound onto itself there,
+    so that it cannot be renamed or replaced, but checked all the same).
     """
     import stat
 
