@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
-from . import budget, tokens, verdict
+from . import budget, sandbox, tokens, verdict
 from .budget import Budget
 from .callresult import CallResult, Interrupt, checked_request, command_argv
 from .delivery import deliver
@@ -104,6 +104,7 @@ class Trial:
             server, self._forkserver = self._forkserver, None
         if server is not None:
             server.close()
+        sandbox.settle(block=True)
 
     def init(self) -> TrialState:
         """Create the trial (and its missing directories) and pin its limits; an existing one is fine if they match."""
@@ -244,7 +245,9 @@ class Trial:
         def preflight(state: TrialState) -> None:
             self._check_rank_file(state)
             sandboxed.clear()
-            if state.sandbox.mode != "none":
+            if state.sandbox.mode == "none":
+                sandbox.settle(block=False)
+            else:
                 plan = self._plan(state.sandbox)
                 tmp_dir = plan.check(spawn["cwd"] or os.getcwd(), state.trial_id)
                 # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
@@ -254,6 +257,8 @@ class Trial:
         def one_at_a_time(state: TrialState) -> bool:
             return state.sandbox.mode != "none" and self._plan(state.sandbox).layout.exposed
 
+        if self.overrides.get("sandbox") != "none":
+            sandbox.start_probe()  # its few ms overlap the reservation (sandbox.py)
         reservation = self.ledger.reserve(
             self.overrides,
             argv,
