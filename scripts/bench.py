@@ -28,6 +28,9 @@ from pathlib import Path
 TARGET_NO_OUTPUT_MS = 80.0
 TARGET_WARM_MS = {"API": 5.0, "serve": 10.0, "MCP": 20.0}
 TARGET_SANDBOX_WARM_MS = 15.0
+#: Every figure but the sandbox's own is taken without it, so that they compare across machines
+#: and with the targets above; the sandbox section gives what bwrap adds.
+UNSANDBOXED = ["--sandbox", "none"]
 
 # Runs in a fresh interpreter: the warm API with `--sandbox none` and `bwrap`, call by call
 # in turns, for `true` and `echo hello`. Prints JSON: case -> [none s, bwrap s].
@@ -61,7 +64,7 @@ import asyncio, json, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 runs, tool, pause = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 root = Path(tempfile.mkdtemp())
-limits = ["--max-calls", "1000000", "--max-tokens", "1000000000"]
+limits = ["--max-calls", "1000000", "--max-tokens", "1000000000", "--sandbox", "none"]
 out = {}
 
 def bare(argv):
@@ -79,7 +82,8 @@ def pair(name, call, argv, n=runs):
     out[name] = [statistics.median(base), statistics.median(tooled)]
 
 from trialtool import Trial
-with Trial(root / "api.json", root / "api.jsonl", limits={"max_calls": 1000000, "max_tokens": 10**9}) as trial:
+api_limits = {"max_calls": 1000000, "max_tokens": 10**9, "sandbox": "none"}
+with Trial(root / "api.json", root / "api.jsonl", limits=api_limits) as trial:
     pair("API", lambda: trial.run(["echo", "hello"]), ["echo", "hello"])
 
 serve = subprocess.Popen([tool, "serve", "--state", str(root / "s.json"), "--log", str(root / "s.jsonl"), *limits],
@@ -154,7 +158,8 @@ def stopping(tool: str, work: Path, python: str, no_output: float, runs: int = 5
         overshoots, gone = [], []
         for n in range(runs):
             state, log = work / f"stop-{name}-{n}.json", work / f"stop-{name}-{n}.jsonl"
-            argv = [tool, "--state", str(state), "--log", str(log), "--call-timeout", "0.5", "--kill-grace", "0.2"]
+            argv = [tool, "--state", str(state), "--log", str(log), *UNSANDBOXED, "--call-timeout", "0.5"]
+            argv += ["--kill-grace", "0.2"]
             subprocess.run([*argv, "--", *command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
             record = json.loads(log.read_text().splitlines()[-1])
             overshoots.append(record["deadline_overshoot_seconds"])
@@ -168,7 +173,7 @@ def stopping(tool: str, work: Path, python: str, no_output: float, runs: int = 5
         for n in range(runs):
             state, log = work / f"bg-{label}-{n}.json", work / f"bg-{label}-{n}.jsonl"
             started = time.perf_counter()
-            argv = [tool, "--state", str(state), "--log", str(log), "--", "sh", "-c", script]
+            argv = [tool, "--state", str(state), "--log", str(log), *UNSANDBOXED, "--", "sh", "-c", script]
             subprocess.run(argv, stdout=subprocess.DEVNULL, check=False)
             walls.append(time.perf_counter() - started)
         wall = statistics.median(walls)
@@ -190,7 +195,7 @@ def memory_figures(tool: str, work: Path, python: str) -> None:
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, time.perf_counter() - t)\n"
     )
     state, log = work / "memory.json", work / "memory.jsonl"
-    argv = [tool, "--state", str(state), "--log", str(log), "--max-capture-bytes", str(32 << 20)]
+    argv = [tool, "--state", str(state), "--log", str(log), *UNSANDBOXED, "--max-capture-bytes", str(32 << 20)]
     argv += ["--call-timeout", "600", "--", "cat", str(text)]
     done = subprocess.run([python, "-c", code, *argv], capture_output=True, text=True, check=True)
     peak, seconds = map(float, done.stdout.split())
@@ -229,12 +234,17 @@ def warm_figures(tool: str, python: str, runs: int) -> None:
             )
 
 
-def sandbox_figures(tool: str, work: Path, python: str, runs: int) -> None:
-    """What --sandbox bwrap adds to a call over --sandbox none: cold CLI and warm API, interleaved."""
+def sandbox_unavailable() -> str | None:
+    """Why bwrap cannot make a sandbox here, or None when it can."""
     from trialtool import sandbox
 
+    return sandbox.unavailable()
+
+
+def sandbox_figures(tool: str, work: Path, python: str, runs: int) -> None:
+    """What --sandbox bwrap adds to a call over --sandbox none: cold CLI and warm API, interleaved."""
     print("\nsandbox, --sandbox bwrap over --sandbox none, median ms:")
-    reason = sandbox.unavailable()
+    reason = sandbox_unavailable()
     if reason is not None:
         print(f"  not measured: {reason}")
         return
@@ -271,9 +281,17 @@ def sandbox_figures(tool: str, work: Path, python: str, runs: int) -> None:
 def ledger_figures(tool: str, work: Path, python: str) -> None:
     """20 parallel calls against their serial time, and the ledger's own cost."""
     print("\nledger:")
-    for mode in ("serial", "parallel"):
-        state, log = work / f"{mode}.json", work / f"{mode}.jsonl"
-        argv = [tool, "--state", str(state), "--log", str(log), "--max-calls", "20", "--", "sleep", "0.5"]
+    workspace = work / "ledger-ws"
+    workspace.mkdir(exist_ok=True)
+    modes = [("serial", UNSANDBOXED), ("parallel", UNSANDBOXED)]
+    if sandbox_unavailable() is None:
+        # Sandboxed, with the trial's files beside the workspace, then inside it (one call at a time).
+        modes += [("parallel, sandboxed", ["--sandbox", "bwrap", "--workspace", str(workspace)])]
+        modes += [("parallel, files in ws", ["--sandbox", "bwrap", "--workspace", str(work)])]
+    for index, (mode, flags) in enumerate(modes):
+        state, log = work / f"ledger-{index}.json", work / f"ledger-{index}.jsonl"
+        argv = [tool, "--state", str(state), "--log", str(log), *flags, "--max-calls", "20"]
+        argv += ["--cwd", flags[-1] if "--workspace" in flags else str(work), "--", "sleep", "0.5"]
         started = time.perf_counter()
         if mode == "serial":
             for _ in range(20):
@@ -282,7 +300,7 @@ def ledger_figures(tool: str, work: Path, python: str) -> None:
             procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL) for _ in range(20)]
             for proc in procs:
                 proc.wait()
-        print(f"  20 calls of `sleep 0.5`, {mode:<8}: {time.perf_counter() - started:6.2f} s")
+        print(f"  20 calls of `sleep 0.5`, {mode:<22}: {time.perf_counter() - started:6.2f} s")
     code = (
         "import time, tempfile, pathlib\n"
         "from trialtool.ledger.ledger import Ledger\n"
@@ -317,7 +335,7 @@ def main() -> int:
 
     def wrapped(name: str, command: list[str]) -> list[str]:
         state, log = work / f"{name}.json", work / f"{name}.jsonl"
-        return [tool, "--state", str(state), "--log", str(log), "--max-calls", "1000000", "--", *command]
+        return [tool, "--state", str(state), "--log", str(log), *UNSANDBOXED, "--max-calls", "1000000", "--", *command]
 
     cases = [
         ("true (no output)", ["true"]),
