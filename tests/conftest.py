@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +18,23 @@ import psutil
 import pytest
 
 from trialtool import tokens
+
+
+def _command_python() -> str:
+    """A Python that a command in the sandbox can run.
+
+    The sandbox shows its own /tmp, not the host's: a virtualenv under the host's /tmp (a
+    checkout in a temporary directory, as CI makes) is not there, so commands then run the
+    interpreter it was made from. Commands use the standard library only.
+    """
+    tmp = os.path.realpath(tempfile.gettempdir()) + os.sep
+    if not os.path.abspath(sys.executable).startswith(tmp):
+        return sys.executable
+    return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+
+
+#: The Python for commands (see _command_python); the tests themselves run trial-tool with sys.executable.
+COMMAND_PY = _command_python()
 
 #: A command that writes a forged protocol message to descriptor 1 of its supervisor, the fork
 #: server and the server above them (three levels up; no further, not into the test runner).

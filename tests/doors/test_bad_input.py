@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import TrialFiles, strict_records
+from tests.conftest import COMMAND_PY, TrialFiles, strict_records
 from trialtool.ledger.verify import verify
 
 PY = sys.executable
@@ -41,7 +41,7 @@ def test_a_command_name_that_is_not_utf8_is_not_found_and_logged_losslessly(tria
 
 def test_an_argument_that_is_not_utf8_reaches_the_command_exactly(trial: TrialFiles) -> None:
     show = "import sys; print(sys.argv[1].encode('utf-8', 'surrogateescape').hex())"
-    done = call(trial, PY, "-c", show, b"a\xff\xfeb")
+    done = call(trial, COMMAND_PY, "-c", show, b"a\xff\xfeb")
     assert (done.returncode, done.stdout) == (0, b"61fffe62\n")
     [record] = strict_records(trial.log)
     assert record["command"][3] == "a\ufffd\ufffdb"

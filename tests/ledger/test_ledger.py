@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import TrialFiles, marked, wait_until
+from tests.conftest import COMMAND_PY, TrialFiles, marked, wait_until
 from trialtool import BudgetExhausted, Trial
 from trialtool.ledger.audit import GENESIS
 
@@ -98,7 +97,7 @@ def test_parallel_processes_never_exceed_the_call_cap(trial: TrialFiles) -> None
 
 @pytest.mark.timeout(60)
 def test_killed_wrapper_charges_its_call_and_is_recovered(trial: TrialFiles, marker: str) -> None:
-    script = f"{sys.executable} -c 'import time; time.sleep(300)' {marker}"
+    script = f"{COMMAND_PY} -c 'import time; time.sleep(300)' {marker}"
     argv = trial.argv("--", "sh", "-c", script)
     wrapper = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TrialFiles, marked, wait_until
+from tests.conftest import COMMAND_PY, TrialFiles, marked, wait_until
 
-PY = sys.executable
+PY = COMMAND_PY
 
 # A process that escapes in the given way, then sleeps, carrying the marker in its argv.
 ESCAPES = {

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TrialFiles, strict_records
+from tests.conftest import COMMAND_PY, TrialFiles, strict_records
 from trialtool import Trial
 
 PY = sys.executable
@@ -38,7 +38,9 @@ def test_cli_command_gets_exactly_stdio_even_with_the_callers_strays(trial: Tria
     read_end, write_end = os.pipe()
     os.set_inheritable(read_end, True)
     try:
-        done = subprocess.run(trial.argv("--", PY, "-c", LISTER), capture_output=True, timeout=60, pass_fds=(read_end,))
+        done = subprocess.run(
+            trial.argv("--", COMMAND_PY, "-c", LISTER), capture_output=True, timeout=60, pass_fds=(read_end,)
+        )
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -47,11 +49,11 @@ def test_cli_command_gets_exactly_stdio_even_with_the_callers_strays(trial: Tria
 
 def test_api_command_gets_exactly_stdio(trial: TrialFiles) -> None:
     with Trial(trial.state, trial.log) as api:
-        assert api.run([PY, "-c", LISTER]).stdout == STDIO.decode()
+        assert api.run([COMMAND_PY, "-c", LISTER]).stdout == STDIO.decode()
 
 
 def test_serve_command_gets_exactly_stdio(trial: TrialFiles) -> None:
-    request = json.dumps({"id": 1, "method": "run", "params": {"command": [PY, "-c", LISTER]}}).encode() + b"\n"
+    request = json.dumps({"id": 1, "method": "run", "params": {"command": [COMMAND_PY, "-c", LISTER]}}).encode() + b"\n"
     argv = [PY, "-m", "trialtool", "serve", "--state", str(trial.state), "--log", str(trial.log)]
     done = subprocess.run(argv, input=request, capture_output=True, timeout=60)
     assert json.loads(done.stdout)["result"]["stdout"] == STDIO.decode()
@@ -61,7 +63,7 @@ def test_shim_command_gets_exactly_stdio(trial: TrialFiles, tmp_path: Path) -> N
     shims = tmp_path / "shims"
     assert trial.cli("shim", str(shims), "--state", str(trial.state), "--log", str(trial.log)).returncode == 0
     done = subprocess.run(
-        [str(shims / "sh"), "-c", f"exec {PY} -c {shlex.quote(LISTER)}"], capture_output=True, timeout=60
+        [str(shims / "sh"), "-c", f"exec {COMMAND_PY} -c {shlex.quote(LISTER)}"], capture_output=True, timeout=60
     )
     assert done.stdout == STDIO
 
@@ -77,7 +79,7 @@ def test_mcp_command_gets_exactly_stdio(trial: TrialFiles) -> None:
 
     async def main() -> None:
         async with Client(StdioServerParameters(command=PY, args=args)) as client:
-            result = await client.call_tool("run_shell", {"command": f"exec {PY} -c {shlex.quote(LISTER)}"})
+            result = await client.call_tool("run_shell", {"command": f"exec {COMMAND_PY} -c {shlex.quote(LISTER)}"})
             seen.append(result.structured_content["stdout"])
 
     anyio.run(main)

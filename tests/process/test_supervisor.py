@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import base64
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TrialFiles, marked
+from tests.conftest import COMMAND_PY, TrialFiles, marked
 
-PY = sys.executable
+PY = COMMAND_PY
 
 
 def sleeper(marker: str, extra: str = "") -> str:
