@@ -278,6 +278,78 @@ def sandbox_figures(tool: str, work: Path, python: str, runs: int) -> None:
         )
 
 
+def server_figures(tool: str, work: Path, python: str, runs: int) -> None:
+    """The CLI through the per-user server, against Python's own start and the in-process CLI."""
+    print("\nthe CLI through the per-user server (--sandbox none), median ms, interleaved:")
+    env = dict(os.environ, TRIALTOOL_SERVER_DIR=str(work / "servers"), TRIALTOOL_SERVER="on")
+    off = dict(env, TRIALTOOL_SERVER="off")
+
+    def argv(name: str, *command: str) -> list[str]:
+        state, log = work / f"server-{name}.json", work / f"server-{name}.jsonl"
+        return [tool, "--state", str(state), "--log", str(log), *UNSANDBOXED, "--max-calls", "1000000", "--", *command]
+
+    cases = {
+        "python -c pass (floor)": ([python, "-c", "pass"], env),
+        "true, server": (argv("true", "true"), env),
+        "echo hello, server": (argv("echo", "echo", "hello"), env),
+        "true, in process": (argv("true-off", "true"), off),
+        "echo hello, in process": (argv("echo-off", "echo", "hello"), off),
+    }
+    for command, environ in cases.values():
+        subprocess.run(command, stdout=subprocess.DEVNULL, env=environ, check=False)  # the server starts here
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(runs):
+        for name, (command, environ) in cases.items():
+            started = time.perf_counter()
+            subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environ, check=False)
+            times[name].append(time.perf_counter() - started)
+    floor = statistics.median(times["python -c pass (floor)"])
+    for name, values in times.items():
+        median = statistics.median(values)
+        target = ""
+        if name.endswith(", server"):
+            verdict = "meets" if median - floor <= 0.015 else "MISSES"
+            target = f"  {verdict} floor + 15"
+        print(f"  {name:<26}{median * 1000:8.1f}   floor {(median - floor) * 1000:+7.1f}{target}")
+    # The first call of all: the server starts, then builds the encoder for the output.
+    stop = [tool, "server", "stop"]
+    firsts = []
+    for _ in range(5):
+        subprocess.run(stop, stdout=subprocess.DEVNULL, env=env, check=False)
+        started = time.perf_counter()
+        subprocess.run(argv("first", "echo", "hello"), stdout=subprocess.DEVNULL, env=env, check=False)
+        firsts.append(time.perf_counter() - started)
+    print(f"  first call (server start, encoder build){statistics.median(firsts) * 1000:10.1f}")
+    for label, environ in (("server", env), ("in process", off)):
+        walls = []
+        for n in range(5):
+            command = argv(f"deadline-{label}-{n}", "sleep", "30")
+            command[command.index("--max-calls") : command.index("--max-calls")] = ["--call-timeout", "1"]
+            started = time.perf_counter()
+            subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environ, check=False)
+            walls.append(time.perf_counter() - started - 1.0)
+        print(
+            f"  a call stopped at a 1 s deadline returns, {label:<11}{statistics.median(walls) * 1000:8.1f} ms after it"
+        )
+    code = (
+        "import resource, subprocess, sys\n"
+        "subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)\n"
+    )
+    client = subprocess.run(
+        [python, "-c", code, *argv("echo", "echo", "hello")], capture_output=True, text=True, env=env
+    )
+    for n in range(20):  # twenty trials, one server
+        subprocess.run(argv(f"many-{n}", "echo", "hello"), stdout=subprocess.DEVNULL, env=env, check=False)
+    status = json.loads(subprocess.run([tool, "server", "status"], capture_output=True, text=True, env=env).stdout)
+    import psutil
+
+    rss = psutil.Process(status["pid"]).memory_info().rss / (1 << 20)
+    print(f"  RSS: the CLI client {float(client.stdout):.0f} MB (target 20); ", end="")
+    print(f"the server after 20+ trials {rss:.0f} MB (target 160)")
+    subprocess.run(stop, stdout=subprocess.DEVNULL, env=env, check=False)
+
+
 def ledger_figures(tool: str, work: Path, python: str) -> None:
     """20 parallel calls against their serial time, and the ledger's own cost."""
     print("\nledger:")
@@ -328,6 +400,10 @@ def main() -> int:
     tool = args.trial_tool
     python = sys.executable
     work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))
+    # Every figure but the server's own is of the CLI in its own process, one process a call;
+    # the bench's servers, if any, live in its own directory.
+    os.environ["TRIALTOOL_SERVER"] = "off"
+    os.environ["TRIALTOOL_SERVER_DIR"] = str(work / "servers")
     big = work / "one-mib.txt"
     line = "The quick brown fox jumps over the lazy dog 0123456789 日本語 😀\n"
     big.write_text((line * (1_048_576 // len(line.encode()) + 1)), encoding="utf-8")
@@ -371,6 +447,7 @@ def main() -> int:
     memory_figures(tool, work, python)
     stopping(tool, work, python, no_output)
     sandbox_figures(tool, work, python, args.runs)
+    server_figures(tool, work, python, args.runs)
     ledger_figures(tool, work, python)
     print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")
     for module in ("trialtool.doors.cli", "tiktoken", "psutil", "filelock"):

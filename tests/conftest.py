@@ -101,8 +101,48 @@ class TrialFiles:
         }
 
 
+@pytest.fixture(params=["server", "in-process"])
+def cli_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every CLI test runs twice: through the per-user server, and in the CLI's own process."""
+    monkeypatch.setenv("TRIALTOOL_SERVER", "on" if request.param == "server" else "off")
+    return str(request.param)
+
+
+def stop_servers(directory: Path) -> None:
+    """Stop every per-user server whose socket is in `directory` (each finishes its calls), and wait for them."""
+    import socket as socketlib
+
+    for path in sorted(directory.glob("server-*.sock")) if directory.is_dir() else []:
+        with socketlib.socket(socketlib.AF_UNIX) as sock:
+            try:
+                sock.connect(str(path))
+            except OSError:
+                continue
+            sock.sendall(b'{"control": "stop"}\n')
+            answer = sock.makefile("rb").readline()
+        if answer:
+            try:
+                psutil.Process(json.loads(answer)["pid"]).wait(timeout=60)
+            except psutil.NoSuchProcess:
+                pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _servers_of_this_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    # The run's own per-user servers, in a directory of its own (never a real user's
+    # server, nor one of another checkout's code), all stopped at the end.
+    directory = tmp_path_factory.mktemp("servers")
+    directory.chmod(0o700)
+    os.environ["TRIALTOOL_SERVER_DIR"] = str(directory)
+    try:
+        yield
+    finally:
+        stop_servers(directory)
+        del os.environ["TRIALTOOL_SERVER_DIR"]
+
+
 @pytest.fixture
-def trial(tmp_path: Path) -> TrialFiles:
+def trial(tmp_path: Path, cli_mode: str) -> TrialFiles:
     return TrialFiles(tmp_path)
 
 

@@ -89,7 +89,9 @@ NO_NETWORK = textwrap.dedent(
 def test_no_network_is_touched(trial: TrialFiles, tmp_path: Path) -> None:
     empty_cache = tmp_path / "empty-cache"
     empty_cache.mkdir()
+    # In process: the audit hook watches the process that builds the encoder.
     env = {"PATH": "/usr/bin:/bin", "TIKTOKEN_CACHE_DIR": str(empty_cache), "HOME": str(tmp_path)}
+    env["TRIALTOOL_SERVER"] = "off"
     argv = [
         sys.executable,
         "-c",

@@ -8,8 +8,10 @@ from typing import Any, NamedTuple
 from .errors import LimitMismatch, UsageError
 from .osio import plain
 
-#: Settings that travel with the limits but are the sandbox's (sandbox.py).
+#: Settings that travel with the limits but are the sandbox's (sandbox.py), each a flag; and
+#: `origin`, the directory a trial is created from (the default workspace), which is not.
 SANDBOX_SETTINGS = ("sandbox", "network", "workspace", "writable")
+NOT_LIMITS = (*SANDBOX_SETTINGS, "origin")
 
 CLIP_MODES = ("headtail", "head")
 
@@ -125,7 +127,7 @@ def validate(limits: Limits) -> Limits:
 
 def from_overrides(overrides: dict[str, Any]) -> Limits:
     """Defaults with `overrides` applied; unknown names are a UsageError (sandbox settings are not limits)."""
-    overrides = {name: value for name, value in overrides.items() if name not in SANDBOX_SETTINGS}
+    overrides = {name: value for name, value in overrides.items() if name not in NOT_LIMITS}
     unknown = sorted(set(overrides) - set(Limits._fields))
     if unknown:
         msg = f"unknown limit {plain(unknown[0])}"
@@ -145,7 +147,7 @@ def check_pinned(pinned: Limits, overrides: dict[str, Any]) -> None:
     """Refuse a call whose explicitly passed limits differ from the pinned ones."""
     wanted = from_overrides(overrides)
     for name in overrides:
-        if name in SANDBOX_SETTINGS:
+        if name in NOT_LIMITS:
             continue
         if getattr(wanted, name) != getattr(pinned, name):
             msg = (

@@ -21,13 +21,13 @@ import threading
 from typing import Any, NamedTuple
 
 from .errors import LimitMismatch, SandboxError, UsageError
-from .limits import SANDBOX_SETTINGS
+from .limits import NOT_LIMITS
 from .osio import plain
 
 MODES = ("none", "bwrap")
 NETWORKS = ("none", "host")
 #: The override names that are sandbox settings rather than limits.
-SETTINGS = SANDBOX_SETTINGS
+SETTINGS = NOT_LIMITS
 #: The flag of each setting, for messages.
 FLAG_OF = {"sandbox": "--sandbox", "network": "--network", "workspace": "--workspace", "writable": "--writable"}
 
@@ -214,9 +214,16 @@ def _canonical(path: str, flag: str, *, directory: bool) -> str:
 
 
 def _paths(settings: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-    workspace = _canonical(settings.get("workspace") or os.getcwd(), "--workspace", directory=True)
+    """The workspace and writable paths, canonical; relative ones and the default from `origin` (else here)."""
+    origin = settings.get("origin") or os.getcwd()
+    workspace = _canonical(os.path.join(origin, settings.get("workspace") or "."), "--workspace", directory=True)
     writable = tuple(
-        sorted({_canonical(path, "--writable", directory=False) for path in settings.get("writable") or ()})
+        sorted(
+            {
+                _canonical(os.path.join(origin, path), "--writable", directory=False)
+                for path in settings.get("writable") or ()
+            }
+        )
     )
     return workspace, writable
 

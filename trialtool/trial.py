@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -79,12 +79,19 @@ class Trial:
         rank_file: str | os.PathLike[str] | None = None,
         key: bytes | None = None,
         hidden_files: Sequence[str | os.PathLike[str]] = (),
+        origin: str | os.PathLike[str] | None = None,
+        fork_server: ForkServer | None = None,
     ) -> None:
         self.ledger = Ledger(state_path, log_path, lock_timeout=lock_timeout, key=key, stop_leftovers=stop_leftovers)
         #: Files a sandboxed command must not reach besides the state, log and lock (a key file).
         self.hidden_files = [os.fspath(path) for path in hidden_files]
         self._plans: dict[Sandbox, Plan] = {}
         self.overrides = dict(limits or {})
+        if origin is not None:
+            # Where the trial is created from when its caller is elsewhere (the per-user server).
+            self.overrides["origin"] = os.fspath(origin)
+        #: A fork server shared with other Trials (the per-user server's), not closed with this one.
+        self._shared_forkserver = fork_server
         self._rank_file = rank_file
         self._rank_path: str | None = None
         self._forkserver: ForkServer | None = None
@@ -189,6 +196,9 @@ class Trial:
         unset_env: tuple[str, ...] = (),
         clean_env: bool = False,
         interrupt: Interrupt | None = None,
+        environ: Mapping[str, str] | None = None,
+        umask: int | None = None,
+        rlimits: Sequence[tuple[int, int, int]] | None = None,
     ) -> CallResult:
         """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
@@ -198,7 +208,9 @@ class Trial:
         minimal set; TRIALTOOL_* variables never reach the command. `timeout`
         (seconds) shortens this call's deadline below the trial's `call_timeout`,
         never lengthens it. `interrupt` stops the command when it fires (status
-        `interrupted`).
+        `interrupted`). `environ`, `umask` and `rlimits` ((resource, soft, hard)
+        rows) stand in for this process's own when the call is made on behalf of
+        another process (the per-user server's callers).
         """
         argv = command_argv(command)
         with self._guard:
@@ -206,12 +218,19 @@ class Trial:
         # The fork server's supervisors do not share our working directory: a call through
         # it names one; a supervisor forked by the caller (the CLI's) runs where it is.
         cwd = checked_request(timeout=timeout, cwd=cwd, env=env, default_cwd=ready is None)
-        command_env = environment.build(clean=clean_env, set_vars=env, unset=unset_env)
+        command_env = environment.build(base=environ, clean=clean_env, set_vars=env, unset=unset_env)
         self.ledger.directories()
         # The supervisor is forked first and gets ready while the call is reserved.
         with nullcontext(ready) if ready is not None else Launcher(self.ledger.directory, self._server()) as launcher:
             outcome, reservation, started_wall = self._reserve_and_run(
-                argv, timeout, interrupt, launcher, cwd=cwd, env=command_env
+                argv,
+                timeout,
+                interrupt,
+                launcher,
+                cwd=cwd,
+                env=command_env,
+                umask=umask,
+                rlimits=None if rlimits is None else [list(row) for row in rlimits],
             )
         try:
             return self._finish(reservation, argv, outcome, started_wall, interrupt)
@@ -223,6 +242,8 @@ class Trial:
 
     def _server(self) -> ForkServer:
         """The fork server of this trial's supervisors, started on the first call."""
+        if self._shared_forkserver is not None:
+            return self._shared_forkserver
         with self._guard:
             if self._forkserver is None:
                 self._forkserver = ForkServer()

@@ -99,7 +99,9 @@ def test_log_append_failing_fails_closed(trial: TrialFiles) -> None:
     def small_files() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    done = subprocess.run(trial.argv("--", "echo", "lost"), capture_output=True, preexec_fn=small_files, timeout=60)
+    # In process: the file-size limit is on trial-tool's own writes here (a server would pass it to the command).
+    argv = trial.argv("--in-process", "--", "echo", "lost")
+    done = subprocess.run(argv, capture_output=True, preexec_fn=small_files, timeout=60)
     assert done.returncode == 125 and done.stdout == b""
     message = done.stderr.decode()
     assert message.count("\n") == 1 and "log.jsonl" in message and "too large" in message.lower()

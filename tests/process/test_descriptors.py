@@ -168,7 +168,8 @@ def _nobody_python(copy_to: Path) -> list[str]:
     drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     # The system's Python of the same minor version: the test's own may live where nobody cannot read.
     for python in (f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}", sys.executable):
-        command = [*drop, "env", f"PYTHONPATH={copy_to}", python]
+        # In process: a server run as nobody would need a directory of nobody's (tested as root).
+        command = [*drop, "env", f"PYTHONPATH={copy_to}", "TRIALTOOL_SERVER=off", python]
         probe = subprocess.run([*command, "-c", "import trialtool, tiktoken, psutil"], capture_output=True, timeout=60)
         if probe.returncode == 0:
             return command

@@ -37,8 +37,8 @@ KEY_ENV = "TRIALTOOL_LEDGER_KEY"
 EXIT_VERIFY_FAILED = 1
 
 
-def _key(args: Arguments) -> bytes | None:
-    """The ledger key from --key-file or the environment; at least 16 bytes."""
+def key_of(args: Arguments, environ: Any = os.environ) -> bytes | None:
+    """The ledger key from --key-file or the environment (`environ`, the caller's); at least 16 bytes."""
     if args.key_file is not None:
         from ..ledger.fsio import read_input
 
@@ -48,7 +48,7 @@ def _key(args: Arguments) -> bytes | None:
             msg = f"cannot read --key-file: {exc.message}"
             raise UsageError(msg) from exc
     else:
-        value = os.environ.get(KEY_ENV)
+        value = environ.get(KEY_ENV)
         if not value:
             return None
         key = value.encode()
@@ -68,7 +68,7 @@ def _trial(args: Arguments) -> Trial:
         limits=overrides(args),
         lock_timeout=args.lock_timeout,
         rank_file=getattr(args, "o200k_file", None),
-        key=_key(args),
+        key=key_of(args),
         hidden_files=[args.key_file] if args.key_file is not None else [],
     )
 
@@ -81,6 +81,10 @@ def _call(args: Arguments, tool_argv: list[str]) -> int:
     if args.cwd is not None and not os.path.isdir(args.cwd):
         msg = f"--cwd {plain(args.cwd)} is not a directory"
         raise UsageError(msg)
+    from . import userclient
+
+    if userclient.wanted() and not args.in_process:
+        return userclient.call(args, tool_argv)
     from ..process.launcher import Launcher
 
     # Fork the call's supervisor now, so that it gets ready (prctl, cgroup) while
@@ -163,6 +167,20 @@ def _install_shim(args: Arguments) -> int:
     return 0
 
 
+def _server_command(action: str) -> int:
+    """`trial-tool server status|stop`: print the server's status (or that there is none); stop it."""
+    import json
+
+    from . import userclient
+
+    status = userclient.control(action)
+    if status is None:
+        print(json.dumps({"running": False, "socket": userclient.socket_path()}, indent=2))
+        return 0
+    print(json.dumps({"running": action != "stop", **status}, indent=2))
+    return 0
+
+
 def describe(state: TrialState) -> dict[str, Any]:
     """The state as `status` and `init` print it: the document, and what is left of each budget."""
     from .. import budget
@@ -197,11 +215,13 @@ def _run(argv: list[str]) -> int:
 
         from ..ledger.verify import render, verify
 
-        report = verify(args.state, args.log, _key(args))
+        report = verify(args.state, args.log, key_of(args))
         print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
         return 0 if report.ok else EXIT_VERIFY_FAILED
     if command == "shim":
         return _install_shim(args)
+    if command == "server":
+        return _server_command(args.action)
     if command in ("serve", "mcp"):
         return _serve(args)
     import json

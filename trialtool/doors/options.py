@@ -18,7 +18,9 @@ TYPE_CHECKING = False  # typing's own is an import before the fork; mypy reads a
 if TYPE_CHECKING:
     from typing import Any, NoReturn
 
-SUBCOMMANDS = ("run", "init", "status", "verify", "serve", "mcp", "shim")
+#: The commands on a trial; `server` is about the per-user server and takes no trial.
+_TRIAL = ("run", "init", "status", "verify", "serve", "mcp", "shim")
+SUBCOMMANDS = (*_TRIAL, "server")
 _CALLING = ("run", "init", "serve", "mcp", "shim")
 _SERVING = ("serve", "mcp")
 _ENCODING = ("run", "serve", "mcp", "shim")
@@ -29,10 +31,10 @@ _SERVER = "the server"
 #: whole (int), list (repeatable text), switch. Each field of `Limits` has a row in the
 #: limits group, its dest the field's name; its range is in limits.BOUNDS.
 OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
-    ("--state", "state", "text", SUBCOMMANDS, None, "the trial's JSON state file"),
-    ("--log", "log", "text", SUBCOMMANDS, None, "the trial's JSONL audit log"),
-    ("--lock-timeout", "lock_timeout", "number", SUBCOMMANDS, None, "seconds to wait for the ledger lock"),
-    ("--key-file", "key_file", "text", SUBCOMMANDS, None, "file holding the ledger key (else $TRIALTOOL_LEDGER_KEY)"),
+    ("--state", "state", "text", _TRIAL, None, "the trial's JSON state file"),
+    ("--log", "log", "text", _TRIAL, None, "the trial's JSONL audit log"),
+    ("--lock-timeout", "lock_timeout", "number", _TRIAL, None, "seconds to wait for the ledger lock"),
+    ("--key-file", "key_file", "text", _TRIAL, None, "file holding the ledger key (else $TRIALTOOL_LEDGER_KEY)"),
     ("--json", "json", "switch", ("verify",), None, "print the report as JSON"),
     ("--max-calls", "max_calls", "number", _CALLING, _LIMIT, "calls the trial may make"),
     ("--max-tokens", "max_tokens", "number", _CALLING, _LIMIT, "o200k_base tokens delivered over the trial"),
@@ -58,6 +60,7 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
     ("--unset-env", "unset_env", "list", ("run",), _CALL, "remove a variable (repeatable)"),
     ("--clean-env", "clean_env", "switch", ("run",), _CALL, "start from PATH, HOME, LANG, TERM and a few more"),
     ("--o200k-file", "o200k_file", "text", _ENCODING, None, "the o200k_base.tiktoken rank file to use"),
+    ("--in-process", "in_process", "switch", ("run",), None, "run the call in this process, not the per-user server"),
 )
 #: Defaults of the options that are not limits (a limit's default is the pinned value, or Limits').
 _DEFAULTS: dict[str, object] = {"lock_timeout": DEFAULT_LOCK_TIMEOUT, "max_concurrent": 4, "max_request_bytes": 1 << 20}
@@ -71,6 +74,7 @@ _DESCRIPTIONS = {
     "serve": "Serve a trial's tool calls as JSON lines on stdin and stdout (see docs/serve.md for the protocol).",
     "mcp": "Serve a trial's tool calls as a Model Context Protocol server over stdio (needs trialtool[mcp]).",
     "shim": "Write sh and bash shims into DIRECTORY: each `sh -c CMD` through them is one call of the trial.",
+    "server": "The per-user server that runs CLI calls warm (TRIALTOOL_SERVER=off: none): its status, or stop it.",
 }
 
 
@@ -167,6 +171,8 @@ def parse(command: str, flags: list[str]) -> Arguments:
     )
     if command == "shim":
         parser.add_argument("directory", help="where to write the sh and bash shims")
+    if command == "server":
+        parser.add_argument("action", choices=("status", "stop"), help="show the per-user server, or stop it")
     groups: dict[str | None, Any] = {None: parser}
     defaults = Limits()
     for flag, dest, kind, commands, group, text in OPTIONS:

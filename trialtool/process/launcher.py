@@ -118,12 +118,16 @@ class Launcher:
         env: dict[str, str] | None = None,
         interrupt_fd: int | None = None,
         sandboxed: bool = False,
+        umask: int | None = None,
+        rlimits: list[list[int]] | None = None,
     ) -> Outcome:
         """Run `argv` until it exits, reaches `deadline` (monotonic), passes a limit, or is interrupted.
 
         `started` is when the call's clock started (monotonic; default now): the
         outcome's `elapsed` counts from it, so that it compares with the deadline.
-        `sandboxed` says that `argv` is a bwrap command line (bwrap.py).
+        `sandboxed` says that `argv` is a bwrap command line (bwrap.py). `umask` and
+        `rlimits` ([resource, soft, hard] rows) are the caller's, for a supervisor that
+        is not its child (the per-user server's).
         """
         import json
 
@@ -142,6 +146,8 @@ class Launcher:
             "deadline": deadline,
             "limits": limits._asdict(),
             "sandboxed": sandboxed,
+            "umask": umask,
+            "rlimits": rlimits,
         }
         write_all(self._control_w, json.dumps(orders).encode() + b"\n")
         result = self._wait(interrupt_fd)

@@ -39,7 +39,15 @@ def _has_proc_children() -> bool:
 
 
 def descendants(pid: int | None = None) -> list[int]:
-    """Every descendant of `pid` (default: this process), parents before children."""
+    """Every descendant of `pid` (default: this process), parents before children.
+
+    psutil (a dependency, used here where the kernel has no children files) would do
+    it as `Process.children(recursive=True)`, but that reads every process on the
+    machine to build a parent map: 2.6 ms against 0.23 ms for this walk of the tree
+    alone, with 80 processes on the machine and a tree of 10, and the sweep repeats
+    it until nothing is left (and every 50 ms for the fallback process cap). Each
+    supervisor is a fresh fork, where importing psutil would cost 20-30 ms more.
+    """
     root = os.getpid() if pid is None else pid
     if not _has_proc_children():
         import psutil  # no procfs children files (macOS, old kernels): ask psutil

@@ -48,6 +48,10 @@ class Spec(NamedTuple):
     #: True when `argv` is a bwrap command line (bwrap.py): its status descriptor is read,
     #: its exit code taken from it, and its own two processes spared the stop's SIGTERM.
     sandboxed: bool = False
+    #: The caller's umask and resource limits ((resource, soft, hard)), when the caller is
+    #: not the process the supervisor was forked from (the per-user server's callers).
+    umask: int | None = None
+    caller_rlimits: list[tuple[int, int, int]] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
 
 
 class Signals:
@@ -103,6 +107,31 @@ def _limits_for_exec(limits: Limits, group: CallGroup, sandboxed: bool) -> list[
     return rlimits
 
 
+def _take_callers(spec: Spec) -> None:
+    """Make the caller's umask and resource limits the supervisor's own, for the command to inherit.
+
+    The supervisor exists for this one command, so they are simply set on it; a hard
+    limit above the supervisor's own (which only a privileged process may raise) is
+    capped at it. The trial's own limits then apply on top, in the command.
+    """
+    if spec.umask is not None:
+        os.umask(spec.umask)
+    for which, soft, hard in spec.caller_rlimits:
+        if which == resource.RLIMIT_CORE:
+            continue  # never a core dump: set on the supervisor at start
+        try:
+            hard = hard if _at_most(hard, resource.getrlimit(which)[1]) else resource.getrlimit(which)[1]
+            resource.setrlimit(which, (soft if _at_most(soft, hard) else hard, hard))
+        except (ValueError, OSError):
+            continue
+
+
+def _at_most(value: int, bound: int) -> bool:
+    """`value` <= `bound` for resource limits, where RLIM_INFINITY is above everything."""
+    infinity = resource.RLIM_INFINITY
+    return bound == infinity or (value != infinity and value <= bound)
+
+
 def supervise(
     spec: Spec,
     spools: tuple[Spool, Spool],
@@ -117,6 +146,7 @@ def supervise(
     extra_procs = bwrap.OWN_PROCESSES if spec.sandboxed and limits.max_procs else 0
     group.configure(limits.max_procs + extra_procs, limits.max_memory)
     status_r = status_w = -1
+    _take_callers(spec)
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         rlimits = _limits_for_exec(limits, group, spec.sandboxed)

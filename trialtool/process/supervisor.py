@@ -139,6 +139,8 @@ def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, rea
             orders["deadline"],
             Limits(**orders["limits"]),
             bool(orders.get("sandboxed")),
+            orders.get("umask"),
+            [tuple(row) for row in orders.get("rlimits") or ()],
         )
         cap = spec.limits.max_capture_bytes
         spools = (Spool(spool_fds[0], cap), Spool(spool_fds[1], cap))

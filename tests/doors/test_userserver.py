@@ -1,0 +1,216 @@
+"""The per-user server the CLI reaches: started once, found again, replaced when gone, refused when unsafe.
+
+Each test has a server directory of its own (TRIALTOOL_SERVER_DIR) and stops
+every server it started. The rest of the CLI's tests run through a server too
+(the `cli_mode` fixture), so these are about the server's own life.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import TrialFiles, marked, stop_servers
+from trialtool.ledger.verify import verify
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the per-user server is Linux only")
+
+
+@pytest.fixture
+def trial(tmp_path: Path) -> TrialFiles:
+    """The trial, without the conftest's two modes: every test here is about the server."""
+    return TrialFiles(tmp_path)
+
+
+@pytest.fixture
+def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """This test's own server directory; every server in it is stopped afterwards."""
+    directory = tmp_path / "servers"
+    monkeypatch.setenv("TRIALTOOL_SERVER_DIR", str(directory))
+    monkeypatch.setenv("TRIALTOOL_SERVER", "on")
+    yield directory
+    stop_servers(directory)
+
+
+def server_pids(directory: Path) -> list[int]:
+    """The live servers listening in `directory` (their command line names the socket)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+            ours = any(str(directory) in part for part in cmdline)
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and "trialtool.doors.userserver" in cmdline and ours:
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def status(trial: TrialFiles) -> dict[str, object]:
+    done = trial.cli("server", "status")
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.timeout(120)
+def test_racing_first_calls_start_one_server(trial: TrialFiles, servers: Path) -> None:
+    results = trial.parallel(trial.argv("--max-calls", "20", "--", "echo", "hi"), 20)
+    assert results == [(0, b"hi\n")] * 20
+    assert len(server_pids(servers)) == 1
+    assert verify(trial.state, trial.log).ok
+
+
+def test_status_and_stop(trial: TrialFiles, servers: Path) -> None:
+    assert status(trial)["running"] is False
+    assert trial.call("true").returncode == 0
+    running = status(trial)
+    assert running["running"] is True and running["pid"] in server_pids(servers)
+    stopped = trial.cli("server", "stop")
+    assert stopped.returncode == 0 and json.loads(stopped.stdout)["running"] is False
+    assert (
+        not psutil.pid_exists(int(str(running["pid"]))) or psutil.Process(int(str(running["pid"]))).status() == "zombie"
+    )
+    assert status(trial)["running"] is False
+
+
+def test_a_stale_socket_is_replaced(trial: TrialFiles, servers: Path) -> None:
+    assert trial.call("true").returncode == 0
+    path = Path(str(status(trial)["socket"]))
+    stop_servers(servers)
+    # A socket file left by a server that died without removing it: nothing listens there.
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(str(path))
+    assert path.exists()
+    done = trial.call("echo", "again")
+    assert done.returncode == 0 and done.stdout == b"again\n"
+    assert len(server_pids(servers)) == 1
+
+
+def test_a_server_of_another_version_is_left_alone(trial: TrialFiles, servers: Path) -> None:
+    servers.mkdir(mode=0o700)
+    other = servers / "server-0.0.1-00000000.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(other))
+        listener.listen()
+        listener.setblocking(False)
+        assert trial.call("echo", "mine").stdout == b"mine\n"
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # never contacted
+
+
+@pytest.mark.parametrize("problem", ["mode", "owner", "symlink"])
+def test_an_unsafe_server_directory_is_refused(trial: TrialFiles, servers: Path, tmp_path: Path, problem: str) -> None:
+    if problem == "owner" and os.geteuid() != 0:
+        pytest.skip("needs root to give the directory to another user")
+    if problem == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        servers.symlink_to(tmp_path / "elsewhere")
+    else:
+        servers.mkdir(mode=0o700)
+        if problem == "mode":
+            servers.chmod(0o755)
+        else:
+            os.chown(servers, 65534, 65534)
+    done = trial.call("echo", "hi")
+    assert done.returncode == 125 and done.stdout == b""
+    assert done.stderr.count(b"\n") == 1 and b"server's directory" in done.stderr
+    assert not trial.state.exists()
+
+
+def test_a_server_killed_between_calls_is_replaced(trial: TrialFiles, servers: Path) -> None:
+    assert trial.call("true").returncode == 0
+    [pid] = server_pids(servers)
+    os.kill(pid, signal.SIGKILL)
+    psutil.Process(pid).wait(timeout=30) if psutil.pid_exists(pid) else None
+    done = trial.call("echo", "next")
+    assert done.returncode == 0 and done.stdout == b"next\n"
+    assert server_pids(servers) != [pid] and len(server_pids(servers)) == 1
+
+
+@pytest.mark.timeout(90)
+def test_a_server_killed_during_a_call(trial: TrialFiles, servers: Path, marker: str, tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    os.mkfifo(started)
+    cli = subprocess.Popen(
+        trial.argv("--", "sh", "-c", f"echo up > {started}; sleep 300; : {marker}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        started.read_bytes()  # the command is running: the event
+        [pid] = server_pids(servers)
+        os.kill(pid, signal.SIGKILL)
+        out, err = cli.communicate(timeout=60)
+    finally:
+        cli.kill()
+        cli.wait()
+    assert cli.returncode == 125 and out == b""
+    assert b"died during the call" in err and err.count(b"\n") == 1
+    assert trial.call("true").returncode == 0
+    statuses = [json.loads(line)["status"] for line in trial.log.read_text().splitlines()]
+    assert statuses == ["abandoned", "ok"]
+    assert marked(marker) == []
+
+
+@pytest.mark.timeout(90)
+def test_a_cli_killed_mid_call_stops_it_and_it_is_recorded(
+    trial: TrialFiles, servers: Path, marker: str, tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    os.mkfifo(started)
+    cli = subprocess.Popen(
+        trial.argv("--", "sh", "-c", f"echo printed; echo up > {started}; sleep 300; : {marker}"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        started.read_bytes()
+        cli.kill()
+    finally:
+        cli.wait()
+    # The server sees the connection close and stops the call; its record is written then.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not trial.log.exists() or not trial.log.read_text()):
+        time.sleep(0.01)  # no event to wait on from here: the record is the server's
+    [record] = [json.loads(line) for line in trial.log.read_text().splitlines()]
+    assert record["status"] == "interrupted" and record["withheld"] is True
+    assert marked(marker) == []
+    assert verify(trial.state, trial.log).ok
+
+
+@pytest.mark.timeout(60)
+def test_the_server_exits_when_idle(trial: TrialFiles, servers: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRIALTOOL_SERVER_IDLE", "0.5")
+    assert trial.call("true").returncode == 0
+    [pid] = server_pids(servers)
+    psutil.Process(pid).wait(timeout=30)
+    assert list(servers.glob("*.sock")) == []
+    assert trial.call("echo", "woken").stdout == b"woken\n"
+
+
+def test_the_caller_keeps_its_environment_umask_and_limits(trial: TrialFiles, servers: Path) -> None:
+    assert trial.call("true").returncode == 0  # the server starts with this process's settings
+    script = "echo $MINE; umask; ulimit -n; ulimit -s"
+    env = dict(os.environ, MINE="from-the-caller")
+    done = subprocess.run(
+        ["sh", "-c", 'umask 027; ulimit -n 77; ulimit -s 4096; exec "$@"', "sh", *trial.argv("--", "sh", "-c", script)],
+        capture_output=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.stdout.decode().split() == ["from-the-caller", "0027", "77", "4096"], done.stderr
+    # The next caller's own settings, not the last one's.
+    mine = os.umask(0)
+    os.umask(mine)
+    assert trial.call("sh", "-c", "echo ${MINE:-unset}; umask").stdout == f"unset\n{mine:04o}\n".encode()

@@ -1,0 +1,307 @@
+"""The per-user server: one process per user and installation that runs CLI calls warm.
+
+`python -m trialtool.doors.userserver SOCKET` is started by the first CLI call
+that finds none (userclient.py), detached in a session of its own, and exits
+after TRIALTOOL_SERVER_IDLE seconds (default 300) without a call. It listens on
+a Unix socket in a directory only its user can open, and takes a connection
+only from a process of its own user (SO_PEERCRED). Each connection is one call,
+run on a thread of its own through the same `Trial` API the other doors use,
+so one encoder in memory serves every trial on the machine, and one fork server
+hands out the calls' supervisors.
+
+The call keeps the caller's contract: its working directory, environment
+(TRIALTOOL_* removed, as always), umask and resource limits are the caller's,
+sent with the request; a relative path in the flags was made absolute by the
+caller. A caller's SIGINT, SIGTERM or SIGHUP arrives as a message and stops
+the call as it would in-process (recorded `interrupted`, delivered); a caller
+that goes away (SIGKILLed) stops the call, which is then recorded `interrupted`
+and withheld, since no one is left to deliver to. If this server dies during a
+call, its supervisors stop their trees (their parent-death signal), the caller
+exits 125, and the next call records the call `abandoned`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+from ..errors import EXIT_INTERNAL, TrialToolError, UsageError
+from ..osio import make_undumpable
+from . import cli
+from .options import Arguments, overrides
+from .userclient import IDLE_ENV
+
+#: Longest request line: argv and environment, generously.
+MAX_REQUEST = 64 << 20
+DEFAULT_IDLE = 300.0
+
+
+class RemoteInterrupt:
+    """A call's stop button pressed by its caller over the socket (the Interrupt protocol)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.delivers = True
+        #: Set once the call has its answer: a later EOF from the caller means nothing then.
+        self.finished = False
+        self.fd, self._write_fd = os.pipe()
+
+    @property
+    def reason(self) -> str:
+        if not self.delivers:
+            return "the caller went away"
+        return "trial-tool received " + signal.Signals(self.signum or signal.SIGINT).name
+
+    def fire(self, signum: int, *, delivers: bool) -> None:
+        if self.signum is None and not self.finished:
+            self.signum = signum
+            self.delivers = delivers
+            os.write(self._write_fd, b"s")
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self._write_fd)
+
+
+class Server:
+    """The listening socket, the calls in progress, and the trials they use."""
+
+    def __init__(self, path: str, idle: float) -> None:
+        self.path = path
+        self.idle = idle
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        os.chmod(path, 0o600)
+        #: The socket file's inode: its name is removed on leaving only while it is still ours.
+        self.inode = os.stat(path).st_ino
+        self.listener.listen(128)
+        self.guard = threading.Lock()
+        self.active = 0
+        self.last_call = time.monotonic()
+        self.trials: dict[str, Any] = {}
+        self.forkserver: Any = None
+        #: Set by `trial-tool server stop`: leave once the calls running have ended.
+        self.stopping = False
+
+    def serve_forever(self) -> None:
+        self.listener.settimeout(1.0)
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                if self.stopping:
+                    self._drain()
+                    return
+                with self.guard:
+                    if self.active == 0 and time.monotonic() - self.last_call >= self.idle:
+                        self._leave()
+                        return
+                continue
+            except OSError:
+                if self.stopping:  # `server stop` shut the listener down
+                    self._drain()
+                    return
+                raise
+            with self.guard:
+                self.active += 1
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _drain(self) -> None:
+        """Wait for the calls running to end (stopping)."""
+        while True:
+            with self.guard:
+                if self.active == 0:
+                    return
+            time.sleep(0.05)
+
+    def _leave(self) -> None:
+        """Stop taking calls: the socket goes first, so that a new caller starts a new server."""
+        self._unlink()
+        self.listener.close()
+
+    def _unlink(self) -> None:
+        """Remove the socket's name, unless it is already another server's."""
+        try:
+            if os.stat(self.path).st_ino == self.inode:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def _connection(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                self._serve(conn)
+        except Exception:  # one call's trouble must never end the server
+            pass
+        finally:
+            with self.guard:
+                self.active -= 1
+                self.last_call = time.monotonic()
+
+    def _serve(self, conn: socket.socket) -> None:
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != os.getuid():
+            return  # another user's process: not a word
+        reader = conn.makefile("rb")
+        line = reader.readline(MAX_REQUEST)
+        if not line.endswith(b"\n"):
+            return
+        request = json.loads(line)
+        if "control" in request:
+            conn.sendall(json.dumps(self._control(request["control"])).encode() + b"\n")
+            return
+        interrupt = RemoteInterrupt()
+        conn.sendall(b'{"accepted": true}\n')
+        # The caller's later messages and its going away, read beside the call.
+        watcher = threading.Thread(target=_watch, args=(reader, interrupt), daemon=True)
+        watcher.start()
+        answer = self._call(request, interrupt)
+        interrupt.finished = True
+        try:
+            conn.sendall(json.dumps(answer).encode() + b"\n")
+        except OSError:
+            pass
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        watcher.join()
+        # Only now: a descriptor closed while the call's wait still watches it would never wake it.
+        interrupt.close()
+
+    def _control(self, action: str) -> dict[str, Any]:
+        """`trial-tool server status|stop`: what this server is; or stop taking calls (those running finish)."""
+        from .._version import __version__
+
+        with self.guard:
+            status = {
+                "pid": os.getpid(),
+                "version": __version__,
+                "socket": self.path,
+                "calls_running": self.active - 1,  # this connection aside
+                "trials_known": len(self.trials),
+                "idle_exit_seconds": self.idle,
+            }
+            if action == "stop" and not self.stopping:
+                self.stopping = True
+                self._unlink()
+                self.listener.shutdown(socket.SHUT_RDWR)
+        return status
+
+    def _call(self, request: dict[str, Any], interrupt: RemoteInterrupt) -> dict[str, Any]:
+        from ..process import environment
+
+        try:
+            args = Arguments("run", request["flags"])
+            trial = self._trial(args, request)
+            env = dict(environment.parse_assignment(item) for item in args.env)
+            result = trial.run(
+                request["command"],
+                cwd=args.cwd or request["cwd"],
+                env=env,
+                unset_env=tuple(args.unset_env),
+                clean_env=args.clean_env,
+                interrupt=interrupt,
+                environ=request["env"],
+                umask=request["umask"],
+                rlimits=[tuple(row) for row in request["rlimits"]],
+            )
+        except TrialToolError as exc:
+            return {"exit": exc.exit_code, "error": exc.message}
+        except Exception as exc:  # reported to the caller as trial-tool's own failure
+            return {"exit": EXIT_INTERNAL, "error": f"the server failed: {type(exc).__name__}: {exc}"}
+        return {"exit": result.exit_code, "stdout": result.stdout, "stderr": result.stderr}
+
+    def _trial(self, args: Arguments, request: dict[str, Any]) -> Any:
+        """The Trial for these flags, kept for the next call with the same ones (its log stays trusted)."""
+        from ..process.forkserver import ForkServer
+        from ..tokens import RANK_FILE_ENV
+        from ..trial import Trial
+
+        environ = request["env"]
+        key = cli.key_of(args, environ)
+        rank_file = args.o200k_file or environ.get(RANK_FILE_ENV) or None
+        hidden = [args.key_file] if args.key_file is not None else []
+        limits = overrides(args)
+        identity = json.dumps(
+            [args.state, args.log, args.lock_timeout, rank_file, key and key.hex(), hidden, limits, request["cwd"]],
+            sort_keys=True,
+        )
+        with self.guard:
+            if self.forkserver is None:
+                self.forkserver = ForkServer()
+            trial = self.trials.get(identity)
+            if trial is None:
+                if len(self.trials) >= 256:
+                    self.trials.clear()
+                trial = self.trials[identity] = Trial(
+                    args.state,
+                    args.log,
+                    limits=limits,
+                    lock_timeout=args.lock_timeout,
+                    rank_file=rank_file,
+                    key=key,
+                    hidden_files=hidden,
+                    origin=request["cwd"],
+                    fork_server=self.forkserver,
+                )
+        return trial
+
+
+def _watch(reader: Any, interrupt: RemoteInterrupt) -> None:
+    """The caller's later messages: a signal to pass on, or its going away."""
+    try:
+        for line in reader:
+            message = json.loads(line)
+            if isinstance(message.get("signal"), int):
+                interrupt.fire(message["signal"], delivers=True)
+    except (OSError, ValueError):
+        pass
+    # EOF: the caller closed its end, having its answer, or having died; only the latter matters.
+    interrupt.fire(signal.SIGTERM, delivers=False)
+
+
+def _warm_up() -> None:
+    """Build the encoder now, beside the first calls, rather than in the first call with output."""
+    from .. import tokens
+
+    try:
+        tokens.verified(tokens.locate()).encoder()
+    except TrialToolError:
+        pass  # the call that needs it reports it
+
+
+def main(argv: list[str]) -> int:
+    """Listen on `argv[0]`, say "ready" on descriptor 3, serve until idle."""
+    make_undumpable()
+    os.chdir("/")  # not to hold the first caller's directory: every path it gets is absolute
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal that started us is not for us
+    try:
+        idle = float(os.environ.get(IDLE_ENV, DEFAULT_IDLE))
+    except ValueError:
+        idle = DEFAULT_IDLE
+    try:
+        server = Server(argv[0], idle)
+    except OSError as exc:
+        os.write(3, f"cannot listen on {argv[0]}: {exc.strerror}\n".encode())
+        return 1
+    os.write(3, b"ready\n")
+    os.close(3)
+    threading.Thread(target=_warm_up, daemon=True).start()
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main(sys.argv[1:])
+    except UsageError:
+        code = 125
+    os._exit(code)
