@@ -7,6 +7,7 @@
     trial-tool serve --state S --log L [limits] [--max-concurrent N]   JSON lines on stdin/stdout
     trial-tool mcp   --state S --log L [limits] [--max-concurrent N]   an MCP stdio server
     trial-tool shim DIR --state S --log L [limits]   write DIR/sh, DIR/bash: budgeted shells
+    trial-tool server status|stop                   the per-user server that runs calls warm
 
 Everything after the first `--` is the command, untouched. Every TrialToolError
 becomes one line on stderr and its class's exit code, in `main` and nowhere else.

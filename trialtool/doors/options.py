@@ -163,7 +163,8 @@ def parse(command: str, flags: list[str]) -> Arguments:
         usage=_USAGE.get(command),
         description=_DESCRIPTIONS[command],
         epilog=(
-            "other commands: init, status, verify, serve (JSON lines), mcp (MCP server), shim (sh/bash shims); "
+            "other commands: init, status, verify, serve (JSON lines), mcp (MCP server), shim (sh/bash shims), "
+            "server (the per-user server); "
             "`trial-tool COMMAND --help`"
         )
         if command == "run"
