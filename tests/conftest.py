@@ -112,17 +112,22 @@ def stop_servers(directory: Path) -> None:
     """Stop every per-user server whose socket is in `directory` (each finishes its calls), and wait for them."""
     import socket as socketlib
 
+    from trialtool.doors.userclient import Frames, frame
+
     for path in sorted(directory.glob("server-*.sock")) if directory.is_dir() else []:
         with socketlib.socket(socketlib.AF_UNIX) as sock:
             try:
                 sock.connect(str(path))
             except OSError:
                 continue
-            sock.sendall(b'{"control": "stop"}\n')
-            answer = sock.makefile("rb").readline()
-        if answer:
+            sock.sendall(frame({"control": "stop"}))
+            frames = Frames(sock)
+            answer = frames.pop()
+            while answer is None and frames.feed():
+                answer = frames.pop()
+        if answer is not None:
             try:
-                psutil.Process(json.loads(answer)["pid"]).wait(timeout=60)
+                psutil.Process(answer["pid"]).wait(timeout=60)
             except psutil.NoSuchProcess:
                 pass
 
@@ -134,6 +139,11 @@ def _servers_of_this_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     directory = tmp_path_factory.mktemp("servers")
     directory.chmod(0o700)
     os.environ["TRIALTOOL_SERVER_DIR"] = str(directory)
+    # Started now (the call that starts it runs in process), so that a test's first call goes through it.
+    warm = tmp_path_factory.mktemp("warm-up")
+    files = ["--state", str(warm / "s.json"), "--log", str(warm / "l.jsonl"), "--sandbox", "none"]
+    subprocess.run([sys.executable, "-m", "trialtool", *files, "--", "true"], check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "trialtool", "server", "status"], check=True, capture_output=True, timeout=60)
     try:
         yield
     finally:

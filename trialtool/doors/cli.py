@@ -85,7 +85,10 @@ def _call(args: Arguments, tool_argv: list[str]) -> int:
     from . import userclient
 
     if userclient.wanted() and not args.in_process:
-        return userclient.call(args, tool_argv)
+        code = userclient.call(args, tool_argv)
+        if code is not None:
+            return code
+        # This process has just started the server: this one call runs here.
     from ..process.launcher import Launcher
 
     # Fork the call's supervisor now, so that it gets ready (prctl, cgroup) while

@@ -36,7 +36,7 @@ from ..errors import EXIT_INTERNAL, TrialToolError, UsageError
 from ..osio import make_undumpable
 from . import cli
 from .options import Arguments, overrides
-from .userclient import IDLE_ENV
+from .userclient import IDLE_ENV, Frames, frame
 
 #: Longest request line: argv and environment, generously.
 MAX_REQUEST = 64 << 20
@@ -149,23 +149,26 @@ class Server:
         _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         if uid != os.getuid():
             return  # another user's process: not a word
-        reader = conn.makefile("rb")
-        line = reader.readline(MAX_REQUEST)
-        if not line.endswith(b"\n"):
-            return
-        request = json.loads(line)
+        frames = Frames(conn)
+        request = frames.pop()
+        while request is None:
+            if len(frames.buffer) >= 4 and int.from_bytes(frames.buffer[:4], "big") > MAX_REQUEST:
+                return
+            if not frames.feed():
+                return
+            request = frames.pop()
         if "control" in request:
-            conn.sendall(json.dumps(self._control(request["control"])).encode() + b"\n")
+            conn.sendall(frame(self._control(request["control"])))
             return
         interrupt = RemoteInterrupt()
-        conn.sendall(b'{"accepted": true}\n')
+        conn.sendall(frame({"accepted": True}))
         # The caller's later messages and its going away, read beside the call.
-        watcher = threading.Thread(target=_watch, args=(reader, interrupt), daemon=True)
+        watcher = threading.Thread(target=_watch, args=(frames, interrupt), daemon=True)
         watcher.start()
         answer = self._call(request, interrupt)
         interrupt.finished = True
         try:
-            conn.sendall(json.dumps(answer).encode() + b"\n")
+            conn.sendall(frame(answer))
         except OSError:
             pass
         try:
@@ -255,14 +258,14 @@ class Server:
         return trial
 
 
-def _watch(reader: Any, interrupt: RemoteInterrupt) -> None:
+def _watch(frames: Frames, interrupt: RemoteInterrupt) -> None:
     """The caller's later messages: a signal to pass on, or its going away."""
     try:
-        for line in reader:
-            message = json.loads(line)
-            if isinstance(message.get("signal"), int):
-                interrupt.fire(message["signal"], delivers=True)
-    except (OSError, ValueError):
+        while frames.feed():
+            while (message := frames.pop()) is not None:
+                if isinstance(message.get("signal"), int):
+                    interrupt.fire(message["signal"], delivers=True)
+    except (OSError, ValueError, EOFError, TypeError):
         pass
     # EOF: the caller closed its end, having its answer, or having died; only the latter matters.
     interrupt.fire(signal.SIGTERM, delivers=False)
@@ -279,7 +282,7 @@ def _warm_up() -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Listen on `argv[0]`, say "ready" on descriptor 3, serve until idle."""
+    """Listen on `argv[0]`, release the start lock (descriptor 3), serve until idle."""
     make_undumpable()
     os.chdir("/")  # not to hold the first caller's directory: every path it gets is absolute
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal that started us is not for us
@@ -289,11 +292,9 @@ def main(argv: list[str]) -> int:
         idle = DEFAULT_IDLE
     try:
         server = Server(argv[0], idle)
-    except OSError as exc:
-        os.write(3, f"cannot listen on {argv[0]}: {exc.strerror}\n".encode())
-        return 1
-    os.write(3, b"ready\n")
-    os.close(3)
+    except OSError:
+        return 1  # the callers waiting on the start lock (descriptor 3) find no server, and start one
+    os.close(3)  # the start lock: callers waiting on it now connect
     threading.Thread(target=_warm_up, daemon=True).start()
     server.serve_forever()
     return 0
