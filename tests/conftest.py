@@ -108,6 +108,15 @@ def cli_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     return str(request.param)
 
 
+def minimal_env(**variables: str) -> dict[str, str]:
+    """A bare environment for a trial-tool process, still pointed at this run's server directory."""
+    env = {"PATH": "/usr/bin:/bin", **variables}
+    for name in ("TRIALTOOL_SERVER_DIR", "TRIALTOOL_SERVER"):
+        if name in os.environ and name not in env:
+            env[name] = os.environ[name]
+    return env
+
+
 def stop_servers(directory: Path) -> None:
     """Stop every per-user server whose socket is in `directory` (each finishes its calls), and wait for them."""
     import socket as socketlib

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import TrialFiles
+from tests.conftest import TrialFiles, minimal_env
 from trialtool import tokens
 from trialtool.errors import EncoderError
 
@@ -90,8 +90,7 @@ def test_no_network_is_touched(trial: TrialFiles, tmp_path: Path) -> None:
     empty_cache = tmp_path / "empty-cache"
     empty_cache.mkdir()
     # In process: the audit hook watches the process that builds the encoder.
-    env = {"PATH": "/usr/bin:/bin", "TIKTOKEN_CACHE_DIR": str(empty_cache), "HOME": str(tmp_path)}
-    env["TRIALTOOL_SERVER"] = "off"
+    env = minimal_env(TIKTOKEN_CACHE_DIR=str(empty_cache), HOME=str(tmp_path), TRIALTOOL_SERVER="off")
     argv = [
         sys.executable,
         "-c",
@@ -126,7 +125,7 @@ def test_bad_rank_file_fails_before_charging(trial: TrialFiles, tmp_path: Path, 
     bad = tmp_path / "bad.tiktoken"
     bad.write_bytes(b"not the ranks\n")
     if how == "env":
-        done = trial.call("echo", "hi", env={"PATH": "/usr/bin:/bin", tokens.RANK_FILE_ENV: str(bad)})
+        done = trial.call("echo", "hi", env=minimal_env(**{tokens.RANK_FILE_ENV: str(bad)}))
     else:
         done = trial.call("echo", "hi", flags=("--o200k-file", str(bad)))
     assert done.returncode == 125

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TrialFiles
+from tests.conftest import TrialFiles, minimal_env
 from trialtool.ledger import audit
 from trialtool.ledger import state as statefile
 from trialtool.ledger.verify import verify
@@ -98,7 +98,7 @@ def test_consistent_rewrite_passes_without_a_key_but_not_with_one(trial: TrialFi
 
     keyed = TrialFiles(trial.root / "keyed")
     keyed.root.mkdir()
-    env = {"PATH": "/usr/bin:/bin", "TRIALTOOL_LEDGER_KEY": KEY}
+    env = minimal_env(TRIALTOOL_LEDGER_KEY=KEY)
     for word in ("one", "two", "three"):
         assert keyed.call("echo", word, env=env).returncode == 0
     assert verify(keyed.state, keyed.log, KEY.encode()).ok
@@ -143,12 +143,12 @@ def test_keyed_trial_needs_its_key(trial: TrialFiles, tmp_path: Path) -> None:
 
 
 def test_short_key_is_refused(trial: TrialFiles) -> None:
-    done = trial.call("true", env={"PATH": "/usr/bin:/bin", "TRIALTOOL_LEDGER_KEY": "short"})
+    done = trial.call("true", env=minimal_env(TRIALTOOL_LEDGER_KEY="short"))
     assert done.returncode == 125 and b"16 bytes" in done.stderr
 
 
 def test_state_mac_covers_the_counters(trial: TrialFiles) -> None:
-    env = {"PATH": "/usr/bin:/bin", "TRIALTOOL_LEDGER_KEY": KEY}
+    env = minimal_env(TRIALTOOL_LEDGER_KEY=KEY)
     assert trial.call("echo", "one", env=env).returncode == 0
     state = trial.state_json()
     assert state["chain"] == "hmac-sha256" and len(state["mac"]) == 64
