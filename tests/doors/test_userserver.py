@@ -216,3 +216,33 @@ def test_the_caller_keeps_its_environment_umask_and_limits(trial: TrialFiles, se
     mine = os.umask(0)
     os.umask(mine)
     assert trial.call("sh", "-c", "echo ${MINE:-unset}; umask").stdout == f"unset\n{mine:04o}\n".encode()
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_right_behind_the_request_is_not_lost(trial: TrialFiles, servers: Path) -> None:
+    from tests.ledger.test_durability import stopped_lock_holder
+    from trialtool.doors import userclient
+    from trialtool.doors.options import quick
+
+    assert trial.call("true").returncode == 0  # the first call starts the server
+    args = quick("run", ["--state", str(trial.state), "--log", str(trial.log)])
+    assert args is not None
+    with stopped_lock_holder(trial):
+        before = trial.snapshot()
+        # The call waits for the ledger lock; the signal arrives in the same read as the request.
+        payload = userclient.frame(userclient.request(args, ["echo", "never"]))
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(30)
+            sock.connect(userclient.socket_path())
+            sock.sendall(payload + userclient.frame({"signal": int(signal.SIGTERM)}))
+            frames = userclient.Frames(sock)
+            answers = []
+            while len(answers) < 2:
+                message = frames.pop()
+                if message is None:
+                    assert frames.feed(), "the server closed the connection"
+                    continue
+                answers.append(message)
+        assert answers[0] == {"accepted": True}
+        assert answers[1]["exit"] == 128 + signal.SIGTERM and "nothing is charged" in answers[1]["error"]
+        assert trial.snapshot() == before

@@ -180,18 +180,24 @@ def _start(path: str, lock: int) -> None:
     except FileNotFoundError:
         pass
     argv = [sys.executable, "-m", "trialtool.doors.userserver", path]
-    os.posix_spawn(
-        sys.executable,
-        argv,
-        os.environ,
-        file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
-            (os.POSIX_SPAWN_DUP2, lock, 3),
-        ],
-        setsid=True,
-    )
+    # A descriptor dup'd onto itself may keep close-on-exec: hand over a copy numbered above 3.
+    spare = os.dup(lock) if lock == 3 else -1
+    try:
+        os.posix_spawn(
+            sys.executable,
+            argv,
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_DUP2, spare if spare >= 0 else lock, 3),
+            ],
+            setsid=True,
+        )
+    finally:
+        if spare >= 0:
+            os.close(spare)
 
 
 def control(action: str) -> dict[str, Any] | None:

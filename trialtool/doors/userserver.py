@@ -91,7 +91,8 @@ class Server:
         self.stopping = False
 
     def serve_forever(self) -> None:
-        self.listener.settimeout(1.0)
+        # Woken this often to see whether it is idle or told to stop (a shut-down listener does not wake accept).
+        self.listener.settimeout(0.2)
         while True:
             try:
                 conn, _ = self.listener.accept()
@@ -261,10 +262,13 @@ class Server:
 def _watch(frames: Frames, interrupt: RemoteInterrupt) -> None:
     """The caller's later messages: a signal to pass on, or its going away."""
     try:
-        while frames.feed():
+        while True:
+            # What already arrived first: a signal sent right behind the request is in the buffer.
             while (message := frames.pop()) is not None:
                 if isinstance(message.get("signal"), int):
                     interrupt.fire(message["signal"], delivers=True)
+            if not frames.feed():
+                break
     except (OSError, ValueError, EOFError, TypeError):
         pass
     # EOF: the caller closed its end, having its answer, or having died; only the latter matters.
