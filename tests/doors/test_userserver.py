@@ -138,25 +138,36 @@ def test_a_server_killed_between_calls_is_replaced(trial: TrialFiles, servers: P
     assert server_pids(servers) != [pid] and len(server_pids(servers)) == 1
 
 
-@pytest.mark.timeout(90)
-def test_a_server_killed_during_a_call(trial: TrialFiles, servers: Path, marker: str, tmp_path: Path) -> None:
+def running_call(trial: TrialFiles, marker: str, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """A CLI call through the server whose command (marked) has started: it says so through a FIFO."""
     assert trial.call("true").returncode == 0  # the first call starts the server (and runs in process)
     started = tmp_path / "started"
     os.mkfifo(started)
     cli = subprocess.Popen(
-        trial.argv("--", "sh", "-c", f"echo up > {started}; sleep 300; : {marker}"),
+        trial.argv("--", "sh", "-c", f"echo printed; echo up > {started}; sleep 300; : {marker}"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
         started.read_bytes()  # the command is running: the event
+    except BaseException:
+        cli.kill()
+        cli.wait()
+        raise
+    return cli
+
+
+@pytest.mark.timeout(90)
+def test_a_server_killed_during_a_call(trial: TrialFiles, servers: Path, marker: str, tmp_path: Path) -> None:
+    cli = running_call(trial, marker, tmp_path)
+    try:
         [pid] = server_pids(servers)
         os.kill(pid, signal.SIGKILL)
         out, err = cli.communicate(timeout=60)
     finally:
         cli.kill()
         cli.wait()
-    assert cli.returncode == 125 and out == b""
+    assert cli.returncode == 125 and out == b""  # nothing delivered, not even what was printed
     assert b"died during the call" in err and err.count(b"\n") == 1
     assert trial.call("true").returncode == 0
     statuses = [json.loads(line)["status"] for line in trial.log.read_text().splitlines()]
@@ -168,19 +179,9 @@ def test_a_server_killed_during_a_call(trial: TrialFiles, servers: Path, marker:
 def test_a_cli_killed_mid_call_stops_it_and_it_is_recorded(
     trial: TrialFiles, servers: Path, marker: str, tmp_path: Path
 ) -> None:
-    assert trial.call("true").returncode == 0  # the first call starts the server (and runs in process)
-    started = tmp_path / "started"
-    os.mkfifo(started)
-    cli = subprocess.Popen(
-        trial.argv("--", "sh", "-c", f"echo printed; echo up > {started}; sleep 300; : {marker}"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        started.read_bytes()
-        cli.kill()
-    finally:
-        cli.wait()
+    cli = running_call(trial, marker, tmp_path)
+    cli.kill()
+    cli.communicate()
     # The server sees the connection close and stops the call; its record is written then.
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and len(trial.log.read_text().splitlines()) < 2:

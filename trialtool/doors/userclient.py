@@ -160,17 +160,23 @@ def connect(path: str) -> Any:
     sock = _connect(path)
     if sock is not None:
         return sock
-    import fcntl
-
-    lock = os.open(os.path.join(os.path.dirname(path), "start.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = _start_lock(path)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
         sock = _connect(path)  # started by another caller while we waited
         if sock is None:
             _start(path, lock)
         return sock
     finally:
         os.close(lock)
+
+
+def _start_lock(path: str) -> int:
+    """The start lock beside the socket at `path`, taken (a server being started holds it until it listens)."""
+    import fcntl
+
+    lock = os.open(os.path.join(os.path.dirname(path), "start.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock
 
 
 def _start(path: str, lock: int) -> None:
@@ -205,15 +211,8 @@ def control(action: str) -> dict[str, Any] | None:
     path = socket_path()
     sock = _connect(path)
     if sock is None:
-        import fcntl
-
-        # A server being started holds the start lock until it listens: wait for that.
-        lock = os.open(os.path.join(os.path.dirname(path), "start.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            sock = _connect(path)
-        finally:
-            os.close(lock)
+        os.close(_start_lock(path))  # a server being started: once it listens
+        sock = _connect(path)
     if sock is None:
         return None
     try:
@@ -359,4 +358,15 @@ def _deliver(result: dict[str, Any]) -> int:
     return int(result["exit"])
 
 
-__all__ = ["SERVER_ENV", "call", "connect", "directory", "socket_path", "wanted"]
+__all__ = [
+    "SERVER_ENV",
+    "Frames",
+    "call",
+    "connect",
+    "control",
+    "directory",
+    "frame",
+    "request",
+    "socket_path",
+    "wanted",
+]

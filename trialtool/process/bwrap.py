@@ -165,7 +165,6 @@ class Plan:
     def __init__(self, sandbox: Sandbox, state_path: str, files: list[str]) -> None:
         self.sandbox = sandbox
         self.state_path = state_path
-        self.files = files
         self.layout = layout(sandbox, files)
 
     def check(self, cwd: str, trial_id: str) -> str:
