@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -247,3 +249,50 @@ def test_a_signal_right_behind_the_request_is_not_lost(trial: TrialFiles, server
         assert answers[0] == {"accepted": True}
         assert answers[1]["exit"] == 128 + signal.SIGTERM and "nothing is charged" in answers[1]["error"]
         assert trial.snapshot() == before
+
+
+#: Connects to the socket argv[1], asks for the server's status, prints how many bytes came back.
+ASK_STATUS = """
+import marshal, socket, sys
+message = marshal.dumps({"control": "status"})
+with socket.socket(socket.AF_UNIX) as sock:
+    sock.settimeout(30)
+    sock.connect(sys.argv[1])
+    sock.sendall(len(message).to_bytes(4, "big") + message)
+    answer = b""
+    try:
+        while chunk := sock.recv(65536):
+            answer += chunk
+    except ConnectionResetError:
+        pass  # closed with our request unread: no answer either
+print(len(answer))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_another_users_process_gets_no_answer(trial: TrialFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists():
+        pytest.skip("needs root and setpriv to connect as the user nobody")
+    # Where nobody can reach the socket's directory (the test's tmp_path is root's alone).
+    work = Path(tempfile.mkdtemp(prefix="trialtool-peer-"))
+    servers = work / "servers"
+    monkeypatch.setenv("TRIALTOOL_SERVER_DIR", str(servers))
+    monkeypatch.setenv("TRIALTOOL_SERVER", "on")
+    try:
+        work.chmod(0o755)
+        assert trial.call("true").returncode == 0
+        path = str(status(trial)["socket"])
+        # Permissions opened up by mistake: the peer-credential check is what is left.
+        servers.chmod(0o755)
+        os.chmod(path, 0o777)
+        python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+        ask = [python if Path(python).exists() else sys.executable, "-c", ASK_STATUS, path]
+        drop = ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        theirs = subprocess.run([*drop, *ask], capture_output=True, timeout=60, cwd="/")
+        assert theirs.returncode == 0, theirs.stderr
+        assert theirs.stdout == b"0\n"  # connected, then closed without a word
+        ours = subprocess.run(ask, capture_output=True, timeout=60, cwd="/")
+        assert ours.returncode == 0 and int(ours.stdout) > 0, ours.stderr
+    finally:
+        stop_servers(servers)
+        shutil.rmtree(work)
