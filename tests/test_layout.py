@@ -62,12 +62,13 @@ EDGES = _edges()
 
 def _room(name: str) -> str:
     parts = name.split(".")
-    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ("ledger", "process", "doors")) else "top"
+    rooms = ("ledger", "process", "doors", "view")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in rooms) else "top"
 
 
-def test_there_are_three_rooms_and_a_small_top() -> None:
+def test_there_are_four_rooms_and_a_small_top() -> None:
     rooms = {_room(name) for name in MODULES}
-    assert rooms == {"top", "ledger", "process", "doors"}
+    assert rooms == {"top", "ledger", "process", "doors", "view"}
     assert sum(_room(name) == "top" for name in MODULES) <= 16
 
 
@@ -97,9 +98,19 @@ def test_the_rooms_below_import_no_door_and_not_trial(room: str) -> None:
             assert not {t for t in targets if _room(t) == other}, f"{name} reaches into {other}/"
 
 
+WRITING = {"trialtool.ledger.ledger", "trialtool.ledger.store", "trialtool.ledger.mending"}
+
+
 def test_verify_imports_nothing_of_the_ledgers_writing_side() -> None:
-    writing = {"trialtool.ledger.ledger", "trialtool.ledger.store", "trialtool.ledger.mending"}
-    assert not EDGES["trialtool.ledger.verify"] & writing
+    assert not EDGES["trialtool.ledger.verify"] & WRITING
+
+
+def test_the_graders_view_only_reads() -> None:
+    """view/ never reaches the ledger's writing side, the processes, a door, or the Trial."""
+    for name, targets in EDGES.items():
+        if _room(name) == "view":
+            wrong = {t for t in targets if t in WRITING or _room(t) in ("process", "doors") or t == "trialtool.trial"}
+            assert not wrong, f"{name} imports {sorted(wrong)}"
 
 
 def test_the_top_imports_no_door() -> None:

@@ -155,10 +155,10 @@ def test_init_pins_limits(trial: TrialFiles) -> None:
 
 def test_status_reports_what_is_left(trial: TrialFiles) -> None:
     trial.call("echo", "hi", flags=("--max-calls", "5"))
-    done = trial.cli("status", "--state", str(trial.state), "--log", str(trial.log))
+    done = trial.cli("status", "--json", "--state", str(trial.state), "--log", str(trial.log))
     assert done.returncode == 0
     shown = json.loads(done.stdout)
-    assert shown["left"]["calls"] == 4 and shown["calls"] == 1
+    assert shown["left"]["calls"] == 4 and shown["used"]["calls"] == 1 and shown["integrity"]["verdict"] == "clean"
 
 
 BAD_FLAGS = [

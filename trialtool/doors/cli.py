@@ -222,6 +222,13 @@ def _run(argv: list[str]) -> int:
         report = verify(args.state, args.log, key_of(args))
         print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
         return 0 if report.ok else EXIT_VERIFY_FAILED
+    if command in ("status", "show", "report", "export"):
+        from . import graders
+
+        if command == "export":
+            return graders.export(args)
+        reader: Callable[[Arguments, bytes | None], int] = getattr(graders, command)
+        return reader(args, key_of(args))
     if command == "shim":
         return _install_shim(args)
     if command == "server":
@@ -230,8 +237,7 @@ def _run(argv: list[str]) -> int:
         return _serve(args)
     import json
 
-    trial = _trial(args)
-    state = trial.init() if command == "init" else trial.status()
+    state = _trial(args).init()
     print(json.dumps(describe(state), indent=2, sort_keys=True))
     return 0
 
@@ -240,6 +246,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the API for embedding and tests)."""
     try:
         return _run(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        # The reader of a report or an export went away (`| head`): what it read is what it wanted.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except TrialToolError as exc:
         print(f"trial-tool: {exc.message}", file=sys.stderr)
         return exc.exit_code

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
 #: The commands on a trial; `server` is about the per-user server and takes no trial.
-_TRIAL = ("run", "init", "status", "verify", "serve", "mcp", "shim")
-SUBCOMMANDS = (*_TRIAL, "server")
+_TRIAL = ("run", "init", "status", "show", "verify", "serve", "mcp", "shim")
+#: The graders' commands over many trials, named by paths.
+_MANY = ("report", "export")
+SUBCOMMANDS = (*_TRIAL, *_MANY, "server")
 _CALLING = ("run", "init", "serve", "mcp", "shim")
 _SERVING = ("serve", "mcp")
 _ENCODING = ("run", "serve", "mcp", "shim")
@@ -34,8 +36,29 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
     ("--state", "state", "text", _TRIAL, None, "the trial's JSON state file"),
     ("--log", "log", "text", _TRIAL, None, "the trial's JSONL audit log"),
     ("--lock-timeout", "lock_timeout", "number", _TRIAL, None, "seconds to wait for the ledger lock"),
-    ("--key-file", "key_file", "text", _TRIAL, None, "file holding the ledger key (else $TRIALTOOL_LEDGER_KEY)"),
-    ("--json", "json", "switch", ("verify",), None, "print the report as JSON"),
+    (
+        "--key-file",
+        "key_file",
+        "text",
+        (*_TRIAL, "report"),
+        None,
+        "file holding the ledger key (else $TRIALTOOL_LEDGER_KEY)",
+    ),
+    ("--json", "json", "switch", ("verify", "status", "show"), None, "print JSON instead of text"),
+    ("--call", "call", "whole", ("show",), None, "one call's whole record and the text it delivered"),
+    (
+        "--format",
+        "format",
+        "text",
+        _MANY,
+        None,
+        "table, json, csv, markdown, html (report); jsonl, csv, parquet (export)",
+    ),
+    ("--output", "output", "text", _MANY, None, "write to this file (-o) instead of stdout"),
+    ("--jobs", "jobs", "whole", _MANY, None, "worker processes (default: one per CPU)"),
+    ("--scores", "scores", "text", ("report",), None, "the benchmark's scores, CSV or JSONL of trial_id and score"),
+    ("--details", "details", "whole", ("report",), None, "html: trials whose calls the page embeds"),
+    ("--text", "text", "switch", ("export",), None, "add the text each call delivered"),
     ("--max-calls", "max_calls", "number", _CALLING, _LIMIT, "calls the trial may make"),
     ("--max-tokens", "max_tokens", "number", _CALLING, _LIMIT, "o200k_base tokens delivered over the trial"),
     ("--max-call-tokens", "max_call_tokens", "number", _CALLING, _LIMIT, "o200k_base tokens one call may deliver"),
@@ -59,17 +82,25 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
     ("--env", "env", "list", ("run",), _CALL, "set a variable: KEY=VALUE (repeatable)"),
     ("--unset-env", "unset_env", "list", ("run",), _CALL, "remove a variable (repeatable)"),
     ("--clean-env", "clean_env", "switch", ("run",), _CALL, "start from PATH, HOME, LANG, TERM and a few more"),
-    ("--o200k-file", "o200k_file", "text", _ENCODING, None, "the o200k_base.tiktoken rank file to use"),
+    ("--o200k-file", "o200k_file", "text", (*_ENCODING, "show"), None, "the o200k_base.tiktoken rank file to use"),
     ("--in-process", "in_process", "switch", ("run",), None, "run the call in this process, not the per-user server"),
 )
 #: Defaults of the options that are not limits (a limit's default is the pinned value, or Limits').
-_DEFAULTS: dict[str, object] = {"lock_timeout": DEFAULT_LOCK_TIMEOUT, "max_concurrent": 4, "max_request_bytes": 1 << 20}
+_DEFAULTS: dict[str, object] = {
+    "lock_timeout": DEFAULT_LOCK_TIMEOUT,
+    "max_concurrent": 4,
+    "max_request_bytes": 1 << 20,
+    "details": 2000,
+}
 _LIMIT_DESTS = tuple(dest for _, dest, _, _, group, _ in OPTIONS if group == _LIMIT)
 
 _DESCRIPTIONS = {
     "run": "Run one agent tool call within a trial's budgets of calls, tokens and time.",
     "init": "Create a trial and pin its limits.",
-    "status": "Show what a trial has spent and has left.",
+    "status": "Show what a trial has used and has left, and whether it is intact (reads only).",
+    "show": "Show a trial's calls as a table, or one call's whole record and what it delivered (reads only).",
+    "report": "Verify and compare many trials (directories or globs): fairness, integrity, budget use (reads only).",
+    "export": "Every call of every trial as one flat row: JSON lines, CSV or Parquet, for SQL (reads only).",
     "verify": "Check a whole trial: the log's chain, every record's totals, the state.",
     "serve": "Serve a trial's tool calls as JSON lines on stdin and stdout (see docs/serve.md for the protocol).",
     "mcp": "Serve a trial's tool calls as a Model Context Protocol server over stdio (needs trialtool[mcp]).",
@@ -163,8 +194,8 @@ def parse(command: str, flags: list[str]) -> Arguments:
         usage=_USAGE.get(command),
         description=_DESCRIPTIONS[command],
         epilog=(
-            "other commands: init, status, verify, serve (JSON lines), mcp (MCP server), shim (sh/bash shims), "
-            "server (the per-user server); "
+            "other commands: init, status, show, verify, report, export, serve (JSON lines), mcp (MCP server), "
+            "shim (sh/bash shims), server (the per-user server); "
             "`trial-tool COMMAND --help`"
         )
         if command == "run"
@@ -174,6 +205,8 @@ def parse(command: str, flags: list[str]) -> Arguments:
         parser.add_argument("directory", help="where to write the sh and bash shims")
     if command == "server":
         parser.add_argument("action", choices=("status", "stop"), help="show the per-user server, or stop it")
+    if command in _MANY:
+        parser.add_argument("paths", nargs="+", metavar="PATH", help="a trial's state, a directory, or a glob")
     groups: dict[str | None, Any] = {None: parser}
     defaults = Limits()
     for flag, dest, kind, commands, group, text in OPTIONS:
@@ -196,7 +229,8 @@ def parse(command: str, flags: list[str]) -> Arguments:
                 metavar="N" if kind in ("whole", "number") else None,
                 help=text if shown is None else f"{text} (default {shown})",
             )
-        groups[group].add_argument(flag, **options)
+        names = (flag, "-o") if dest == "output" else (flag,)
+        groups[group].add_argument(*names, **options)
     return Arguments(command, vars(parser.parse_args(flags)))
 
 

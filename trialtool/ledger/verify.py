@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from ..errors import StateError, StorageError
 from ..osio import plain
-from . import audit, fsio
+from . import audit, snapshot
 from .records import Totals, apply, whole
 from .state import TrialState, decode
 
@@ -62,15 +62,27 @@ def verify(state_path: str | os.PathLike[str], log_path: str | os.PathLike[str],
     """Check the trial at `state_path` and `log_path`; never raises for what it finds.
 
     StateError (exit 125: it cannot run) when there is no trial there at all.
+    The files are read without the lock, at one moment (snapshot.py).
     """
     state_path, log_path = os.fspath(state_path), os.fspath(log_path)
     if not os.path.lexists(state_path) and not os.path.lexists(log_path):
         msg = f"no trial at {state_path} (and no log at {log_path})"
         raise StateError(msg)
+    problems: list[Problem] = []
+    try:
+        taken = snapshot.read(state_path, log_path)
+    except StorageError as exc:
+        problems.append(Problem(None, None, exc.message))
+        return Report(False, problems, 0, Totals())
+    return check(taken, state_path, key)
+
+
+def check(taken: snapshot.Snapshot, state_path: str, key: bytes | None = None) -> Report:
+    """Check a trial's files as read at one moment (`state_path` names the state in messages)."""
     chain = audit.Chain(key)
     problems: list[Problem] = []
-    state = _load_state(state_path, chain, problems)
-    lines = audit.lines(log_path)
+    state = _load_state(taken.state, state_path, chain, problems)
+    lines = taken.log.splitlines(keepends=True)
     steps, charged, torn = _walk(lines, chain, None if state is None else state.trial_id, problems)
     recoverable: list[str] = []
     if torn:
@@ -87,12 +99,11 @@ def verify(state_path: str | os.PathLike[str], log_path: str | os.PathLike[str],
     return Report(not problems, problems, len(steps), last.totals, recoverable)
 
 
-def _load_state(state_path: str, chain: audit.Chain, problems: list[Problem]) -> TrialState | None:
+def _load_state(raw: bytes | None, state_path: str, chain: audit.Chain, problems: list[Problem]) -> TrialState | None:
+    if raw is None:
+        problems.append(Problem(None, None, f"no state at {state_path}"))
+        return None
     try:
-        raw = fsio.read_bytes(state_path)
-        if raw is None:
-            problems.append(Problem(None, None, f"no state at {state_path}"))
-            return None
         return decode(raw, state_path, chain)
     except (StateError, StorageError) as exc:
         problems.append(Problem(None, None, exc.message))
@@ -154,6 +165,11 @@ def _check_state(
     log = state.log
     bound = (log.records, log.bytes, log.head, log.last_offset)
     at = steps[log.records - 1] if 0 < log.records <= len(steps) else _Step(0, 0, audit.GENESIS, 0, Totals(), None)
+    if (at.records, at.size, at.last_offset) == (log.records, log.bytes, log.last_offset) and at.head != log.head:
+        # Same length, another digest: the record the state counted last was changed after it was written.
+        message = "the record the state counted last was changed after it was written (its digest is not the state's)"
+        problems.append(Problem(at.records, at.sequence, message))
+        return
     if bound != (at.records, at.size, at.head, at.last_offset):
         last = steps[-1] if steps else at
         problems.append(
@@ -200,4 +216,4 @@ def render(report: Report) -> str:
     return "\n".join(out)
 
 
-__all__ = ["Problem", "Report", "render", "verify"]
+__all__ = ["Problem", "Report", "check", "render", "verify"]

@@ -1,0 +1,203 @@
+"""`trial-tool status`, `show`, `report` and `export`: the graders' commands over the view (view/).
+
+They only read: no trial file is created, locked or changed. A report or
+export written to `-o FILE` goes to a temporary file beside it first and is
+renamed into place when whole, so an interrupted run leaves no half file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import IO, Any
+
+from ..errors import StateError, StorageError, UsageError
+from .options import Arguments
+
+#: `status` and `show` of a trial whose log or state fails verification (as `verify`).
+EXIT_NOT_INTACT = 1
+REPORT_FORMATS = ("table", "json", "csv", "markdown", "html")
+
+
+def status(args: Arguments, key: bytes | None) -> int:
+    from ..view import render
+    from ..view.summary import summarize
+
+    summary = summarize(args.state, args.log, key)
+    shown = _status_document(summary, key)
+    if args.json:
+        print(json.dumps(shown, indent=2))
+    else:
+        print(render.status_text(summary, shown["left"]))
+    return EXIT_NOT_INTACT if summary["integrity"]["verdict"] == "failed" else 0
+
+
+def _status_document(summary: dict[str, Any], key: bytes | None) -> dict[str, Any]:
+    """`status --json`: the summary, with what is left of each budget now (docs/graders.md)."""
+    from .. import budget
+    from ..ledger import audit, fsio
+    from ..ledger.state import decode
+
+    limits = summary["limits"]
+    used = summary["used"]
+    left = {
+        "calls": max(0, int(limits.get("max_calls") or 0) - used["calls"]),
+        "tokens": max(0, int(limits.get("max_tokens") or 0) - used["tokens"]),
+        "seconds": max(0.0, float(limits.get("trial_timeout") or 0) - used["seconds"]),
+        "seconds_used": used["seconds"],
+    }
+    raw = fsio.read_bytes(summary["state"])
+    if raw is not None:
+        try:
+            # Decoded, the state tells the trial's time now (it runs between calls too).
+            now = budget.of(decode(raw, summary["state"], audit.Chain(key)))
+            left.update(seconds=now.seconds_left, seconds_used=now.seconds_used)
+        except (StateError, StorageError):
+            pass
+    return {
+        "trial_id": summary["trial_id"],
+        "state": summary["state"],
+        "log": summary["log"],
+        "limits": limits,
+        "sandbox": summary["sandbox"],
+        "used": used,
+        "left": left,
+        "in_flight": summary["in_flight"],
+        "refused_calls": summary["refused_calls"],
+        "ended_by": summary["ended_by"],
+        "statuses": summary["statuses"],
+        "records": summary["records"],
+        "chain": "hmac-sha256" if summary["keyed"] else "sha256",
+        "head": summary["head"],
+        "integrity": summary["integrity"],
+    }
+
+
+def show(args: Arguments, key: bytes | None) -> int:
+    from ..ledger import snapshot
+    from ..view import render
+    from ..view.calls import Replayer
+    from ..view.summary import summarize_snapshot
+
+    if not os.path.lexists(args.state) and not os.path.lexists(args.log):
+        raise StateError(f"no trial at {args.state} (and no log at {args.log})")
+    taken = snapshot.read(args.state, args.log)
+    summary, records = summarize_snapshot(taken, args.state, args.log, key)
+    if args.call is None:
+        if args.json:
+            from ..view.calls import row
+
+            print(json.dumps({"summary": summary, "calls": [row(record) for record in records]}, indent=2))
+        else:
+            print(render.calls_table(records, summary.get("started_at_utc")))
+        return EXIT_NOT_INTACT if summary["integrity"]["verdict"] == "failed" else 0
+    chosen = [record for record in records if record.get("sequence") == args.call]
+    if not chosen:
+        numbers = sorted({r["sequence"] for r in records if isinstance(r.get("sequence"), int)})
+        known = f"calls {numbers[0]}..{numbers[-1]}" if numbers else "no calls"
+        raise UsageError(f"no call {args.call} in this trial (it has {known})")
+    replayer = Replayer(getattr(args, "o200k_file", None))
+    shown = [{"record": record, "delivered": replayer.delivered(record)._asdict()} for record in chosen]
+    if args.json:
+        print(json.dumps(shown if len(shown) > 1 else shown[0], indent=2))
+        return 0
+    verdicts = {True: "matches the record", False: "DOES NOT match the record", None: "nothing was delivered"}
+    for entry in shown:
+        delivered: dict[str, Any] = entry["delivered"]
+        print(json.dumps(entry["record"], indent=2, sort_keys=True))
+        print(f"\n--- what the agent read ({verdicts[delivered['matches']]}) ---")
+        for name in ("stdout", "stderr"):
+            text = str(delivered[name])
+            print(f"--- {name} ---" + ("" if text else " (empty)"))
+            if text:
+                print(text, end="" if text.endswith("\n") else "\n")
+    return 0
+
+
+@contextmanager
+def _output(path: str | None, binary: bool = False) -> Iterator[IO[Any]]:
+    """stdout, or a temporary file renamed to `path` once written whole."""
+    if path is None:
+        yield sys.stdout
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        handle = open(temporary, "wb" if binary else "w", encoding=None if binary else "utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    try:
+        with handle:
+            yield handle
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def report(args: Arguments, key: bytes | None) -> int:
+    from ..view import html, render
+    from ..view import report as reports
+    from ..view.trials import find
+
+    chosen = args.format or "table"
+    if chosen not in REPORT_FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(REPORT_FORMATS)}, not {chosen!r}")
+    if chosen == "html":
+        html._plotly_js()  # the extra is there, before any trial is read
+    scores = reports.load_scores(args.scores) if args.scores else None
+    built = reports.build(find(args.paths), key=key, workers=args.jobs, scores=scores, with_calls=chosen == "html")
+    base = os.path.commonpath([os.path.abspath(p) for p in args.paths if "*" not in p] or [os.getcwd()])
+    writers: dict[str, Callable[..., None]] = {
+        "table": render.report_table,
+        "json": render.report_json,
+        "csv": render.report_csv,
+        "markdown": render.report_markdown,
+    }
+    try:
+        with _output(args.output) as out:
+            if chosen == "html":
+                html.write(built, out, details=args.details)
+            else:
+                writers[chosen](built, out, base if os.path.isdir(base) else os.path.dirname(base))
+    finally:
+        built.close()
+    integrity = built.overview["integrity"]
+    return EXIT_NOT_INTACT if integrity.get("failed") else 0
+
+
+def export(args: Arguments) -> int:
+    from ..view import export as exports
+    from ..view.trials import find
+
+    chosen = args.format or "jsonl"
+    if chosen not in exports.FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(exports.FORMATS)}, not {chosen!r}")
+    source = exports.rows(find(args.paths), with_text=args.text, workers=args.jobs or os.cpu_count() or 1)
+    if chosen == "parquet":
+        if args.output is None:
+            raise UsageError("--format parquet needs -o FILE")
+        directory = os.path.dirname(os.path.abspath(args.output))
+        temporary = os.path.join(directory, f".{os.path.basename(args.output)}.{os.getpid()}.tmp")
+        try:
+            exports.write_parquet(source, temporary, args.text)
+            os.replace(temporary, args.output)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+        return 0
+    with _output(args.output) as out:
+        if chosen == "csv":
+            exports.write_csv(source, out, args.text)
+        else:
+            exports.write_jsonl(source, out)
+    return 0
+
+
+__all__ = ["EXIT_NOT_INTACT", "export", "report", "show", "status"]

@@ -1,0 +1,1 @@
+"""The graders' view: read trials, never change them (status, show, report, export)."""

@@ -1,0 +1,161 @@
+"""A trial's calls as flat rows, and the text each one delivered, reproduced from its record.
+
+The log keeps what a command printed (its captured bytes) and the SHA-256 of
+what the agent was given, not the given text itself: that text follows from
+the bytes, the call's allowance and the clip mode. `delivered` runs the same
+clipping again and checks the result against the record's hashes, so what a
+grader reads is what the agent read, or is marked as not matching.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import shlex
+from typing import Any, NamedTuple
+
+from .. import clipping, tokens
+
+#: The columns of one call's row, in order, with their kinds (export's schema; docs/graders.md).
+SCHEMA = (
+    ("trial_id", "text"),
+    ("sequence", "int"),
+    ("record_type", "text"),
+    ("status", "text"),
+    ("charged", "bool"),
+    ("started_at_utc", "text"),
+    ("ended_at_utc", "text"),
+    ("elapsed_seconds", "float"),
+    ("wall_elapsed_seconds", "float"),
+    ("deadline_seconds", "float"),
+    ("return_code", "int"),
+    ("command_exit_code", "int"),
+    ("command_signal", "int"),
+    ("allowance_tokens", "int"),
+    ("delivered_stdout_tokens", "int"),
+    ("delivered_stderr_tokens", "int"),
+    ("delivered_emitted_tokens", "int"),
+    ("observed_emitted_tokens", "int"),
+    ("output_truncated", "bool"),
+    ("stdout_bytes", "int"),
+    ("stderr_bytes", "int"),
+    ("delivered_stdout_bytes", "int"),
+    ("delivered_stderr_bytes", "int"),
+    ("peak_rss_bytes", "int"),
+    ("cpu_user_seconds", "float"),
+    ("cpu_system_seconds", "float"),
+    ("sandbox", "text"),
+    ("command", "text"),
+    ("charged_calls_after", "int"),
+    ("emitted_tokens_after", "int"),
+)
+COLUMNS = tuple(name for name, _ in SCHEMA)
+KIND = dict(SCHEMA)
+
+
+def command_text(record: dict[str, Any]) -> str:
+    """The command as a shell would be given it."""
+    command = record.get("command")
+    if isinstance(command, list):
+        return shlex.join(str(part) for part in command)
+    return "" if command is None else str(command)
+
+
+def row(record: dict[str, Any]) -> dict[str, Any]:
+    """One record as a flat row of COLUMNS (absent fields None; values of the wrong type None)."""
+    after = mapping(record.get("ledger_after"))
+    out: dict[str, Any] = {}
+    for column in COLUMNS:
+        if column == "command":
+            value: Any = command_text(record)
+        elif column == "charged_calls_after":
+            value = after.get("charged_calls")
+        elif column == "emitted_tokens_after":
+            value = after.get("emitted_tokens")
+        elif column == "started_at_utc":
+            value = record.get("started_at_utc") or record.get("at_utc")
+        elif column == "ended_at_utc":
+            value = record.get("ended_at_utc") or record.get("at_utc")
+        else:
+            value = record.get(column)
+        out[column] = typed(KIND[column], value)
+    return out
+
+
+def mapping(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one (records and states may hold anything)."""
+    return value if isinstance(value, dict) else {}
+
+
+def typed(kind: str, value: Any) -> Any:
+    """`value` as a column of `kind` holds it: None where it is missing or of another type."""
+    if value is None:
+        return None
+    if kind == "int":
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if kind == "float":
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if kind == "bool":
+        return value if isinstance(value, bool) else None
+    return value if isinstance(value, str) else str(value)
+
+
+class Delivered(NamedTuple):
+    """What the agent was given for one call, and whether it matches the record's hashes."""
+
+    stdout: str
+    stderr: str
+    #: True: both texts hash to the record's delivered_*_sha256. False: they do not (a
+    #: record edited, or captured bytes the log does not hold whole). None: no hashes recorded.
+    matches: bool | None
+
+
+class Replayer:
+    """Reproduces delivered text; builds the encoder only for a call whose output was clipped."""
+
+    def __init__(self, rank_file: str | None = None) -> None:
+        self._rank_file = rank_file
+        self._encoder: Any = None
+
+    def _get_encoder(self) -> Any:
+        if self._encoder is None:
+            self._encoder = tokens.verified(tokens.locate(self._rank_file)).encoder()
+        return self._encoder
+
+    def delivered(self, record: dict[str, Any]) -> Delivered:
+        wanted = (record.get("delivered_stdout_sha256"), record.get("delivered_stderr_sha256"))
+        if not all(isinstance(w, str) for w in wanted):
+            return Delivered("", "", None)  # a refusal or an abandoned call: nothing was delivered
+        if record.get("withheld"):
+            return Delivered("", "", _matches("", "", wanted))
+        try:
+            out = base64.b64decode(str(record.get("stdout_b64") or ""), validate=True)
+            err = base64.b64decode(str(record.get("stderr_b64") or ""), validate=True)
+        except (binascii.Error, ValueError):
+            return Delivered("", "", False)
+        notice = record.get("trial_tool_notice") or ""
+        # Not clipped and no notice: the decoded bytes themselves (no encoder needed).
+        plain_out = out.decode("utf-8", "replace")
+        plain_err = err.decode("utf-8", "replace") + str(notice)
+        if _matches(plain_out, plain_err, wanted):
+            return Delivered(plain_out, plain_err, True)
+        allowance = record.get("allowance_tokens")
+        if not isinstance(allowance, int) or allowance < 1:
+            return Delivered(plain_out, plain_err, False)
+        stdout = clipping.Captured(out, bool(record.get("stdout_capture_truncated")))
+        stderr = clipping.Captured(err, bool(record.get("stderr_capture_truncated")))
+        mode = str(record.get("clip") or "headtail")
+        text_out, text_err = clipping.deliver(self._get_encoder(), stdout, stderr, allowance, mode, str(notice))
+        return Delivered(text_out.text, text_err.text, _matches(text_out.text, text_err.text, wanted))
+
+
+def _matches(out: str, err: str, wanted: tuple[Any, Any]) -> bool:
+    return (_sha256(out), _sha256(err)) == wanted
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+__all__ = ["COLUMNS", "KIND", "SCHEMA", "Delivered", "Replayer", "command_text", "mapping", "row", "typed"]

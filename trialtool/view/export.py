@@ -1,0 +1,141 @@
+"""Every call of every trial as one flat row: JSON lines, CSV, or Parquet for SQL engines.
+
+A row is the call's own columns (calls.COLUMNS) after its trial's: the path,
+the pinned limits and the sandbox, so that one table answers questions across
+a whole benchmark (`SELECT status, count(*) ... GROUP BY ALL` in DuckDB, Spark
+or Trino) without a join. Trials are read in worker processes and written in
+batches, never all held at once. Parquet needs pyarrow (`trialtool[parquet]`),
+which nothing else imports.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from ..errors import TrialToolError, UsageError
+from . import calls as call_rows
+
+#: The trial's columns, ahead of each call's, with their kinds.
+TRIAL_SCHEMA = (
+    ("state", "text"),
+    ("max_calls", "int"),
+    ("max_tokens", "int"),
+    ("max_call_tokens", "int"),
+    ("trial_timeout", "float"),
+    ("call_timeout", "float"),
+    ("clip", "text"),
+    ("sandbox_mode", "text"),
+    ("sandbox_network", "text"),
+    ("keyed", "bool"),
+)
+TEXT_SCHEMA = (("delivered_stdout", "text"), ("delivered_stderr", "text"), ("delivered_matches", "bool"))
+FORMATS = ("jsonl", "csv", "parquet")
+_BATCH = 20_000
+_CHUNK = 32
+
+
+def schema(with_text: bool) -> tuple[tuple[str, str], ...]:
+    """(column, kind) of every column of a row, in order."""
+    return (*TRIAL_SCHEMA, *call_rows.SCHEMA, *(TEXT_SCHEMA if with_text else ()))
+
+
+def _rows(job: tuple[str, str, bool]) -> list[dict[str, Any]]:
+    from ..ledger import snapshot
+    from .summary import records_of
+
+    state_path, log_path, with_text = job
+    try:
+        taken = snapshot.read(state_path, log_path)
+    except TrialToolError:
+        return []
+    try:
+        state: Any = json.loads(taken.state or b"{}")
+    except ValueError:
+        state = {}
+    state = state if isinstance(state, dict) else {}
+    limits = call_rows.mapping(state.get("limits"))
+    sandbox = call_rows.mapping(state.get("sandbox"))
+    values = {
+        "state": state_path,
+        "clip": limits.get("clip"),
+        "sandbox_mode": sandbox.get("mode", "none"),
+        "sandbox_network": sandbox.get("network", "none"),
+        "keyed": state.get("chain") == "hmac-sha256",
+    }
+    trial = {name: call_rows.typed(kind, values.get(name, limits.get(name))) for name, kind in TRIAL_SCHEMA}
+    replayer = call_rows.Replayer() if with_text else None
+    rows = []
+    for record in records_of(taken.log):
+        row = {**trial, **call_rows.row(record)}
+        if replayer is not None:
+            given = replayer.delivered(record)
+            row.update(delivered_stdout=given.stdout, delivered_stderr=given.stderr, delivered_matches=given.matches)
+        rows.append(row)
+    return rows
+
+
+def rows(pairs: Iterable[tuple[str, str]], *, with_text: bool = False, workers: int = 1) -> Iterator[dict[str, Any]]:
+    """Every call of every trial, trial by trial."""
+    jobs = [(state, log, with_text) for state, log in pairs]
+    if not jobs:
+        raise UsageError("no trials found (a trial is a state .json and its log .jsonl)")
+    if workers <= 1 or len(jobs) < 2 * _CHUNK:
+        for job in jobs:
+            yield from _rows(job)
+        return
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
+    with context.Pool(workers) as pool:
+        for batch in pool.imap(_rows, jobs, chunksize=_CHUNK):
+            yield from batch
+
+
+def write_jsonl(source: Iterator[dict[str, Any]], out: IO[str]) -> int:
+    count = 0
+    for row in source:
+        out.write(json.dumps(row, ensure_ascii=False) + "\n")
+        count += 1
+    return count
+
+
+def write_csv(source: Iterator[dict[str, Any]], out: IO[str], with_text: bool) -> int:
+    writer = csv.DictWriter(out, fieldnames=[name for name, _ in schema(with_text)])
+    writer.writeheader()
+    count = 0
+    for row in source:
+        writer.writerow(row)
+        count += 1
+    return count
+
+
+def write_parquet(source: Iterator[dict[str, Any]], path: str, with_text: bool) -> int:
+    """Typed columns, written a batch at a time (pyarrow)."""
+    try:
+        import pyarrow as pa  # type: ignore[import-untyped]
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    except ImportError as exc:
+        msg = "Parquet needs pyarrow: pip install 'trialtool[parquet]'"
+        raise UsageError(msg) from exc
+    types = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "text": pa.string()}
+    arrow = pa.schema([(name, types[kind]) for name, kind in schema(with_text)])
+    count = 0
+    with pq.ParquetWriter(path, arrow, compression="zstd") as writer:
+        batch: list[dict[str, Any]] = []
+        for row in source:
+            batch.append(row)
+            if len(batch) == _BATCH:
+                writer.write_table(pa.Table.from_pylist(batch, schema=arrow))
+                count += len(batch)
+                batch = []
+        if batch or not count:
+            writer.write_table(pa.Table.from_pylist(batch, schema=arrow))
+            count += len(batch)
+    return count
+
+
+__all__ = ["FORMATS", "TEXT_SCHEMA", "TRIAL_SCHEMA", "rows", "schema", "write_csv", "write_jsonl", "write_parquet"]

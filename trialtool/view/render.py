@@ -1,0 +1,235 @@
+"""The graders' view as text: a trial's status, its calls as a table, many trials as a report."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from typing import IO, Any
+
+from .calls import command_text
+
+#: The per-trial columns of a report's table, CSV and markdown.
+TRIAL_COLUMNS = (
+    "trial",
+    "trial_id",
+    "calls",
+    "max_calls",
+    "tokens",
+    "max_tokens",
+    "seconds",
+    "trial_timeout",
+    "ended_by",
+    "integrity",
+    "why",
+    "statuses",
+    "sandbox",
+    "keyed",
+    "score",
+)
+
+
+def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
+    """`trial-tool status` for people: what is used and left of each budget, and whether the trial is intact."""
+    limits = summary["limits"]
+    used = summary["used"]
+    integrity = summary["integrity"]
+    verdict = integrity["verdict"]
+    intact = {
+        "clean": "intact",
+        "recoverable": "intact (a crash left work for the next call)",
+        "in_progress": "intact so far (a call in progress)",
+        "unverified": "not verified (keyed trial: give --key-file)",
+        "failed": "NOT INTACT",
+    }[verdict]
+    lines = [
+        f"trial     {summary['trial_id']}  ({summary['state']})",
+        f"calls     {used['calls']} of {limits.get('max_calls')} used, {left['calls']} left"
+        + (f"; {summary['in_flight']} in flight" if summary["in_flight"] else ""),
+        f"tokens    {used['tokens']} of {limits.get('max_tokens')} delivered, {left['tokens']} left",
+        f"time      {left['seconds_used']:.1f} s of {limits.get('trial_timeout')} s used, {left['seconds']:.1f} s left",
+        f"refused   {summary['refused_calls']}" + (f" (ended by {summary['ended_by']})" if summary["ended_by"] else ""),
+        f"outcomes  {_statuses(summary['statuses']) or 'no calls yet'}",
+        f"sandbox   {summary['sandbox']['mode']} (network {summary['sandbox']['network']})",
+        f"log       {summary['records']} records, {'HMAC-SHA256 (keyed)' if summary['keyed'] else 'SHA-256'} chain",
+        f"head      {summary['head']}",
+        f"integrity {intact}" + (f": {integrity['why']}" if verdict not in ("clean",) and "why" in integrity else ""),
+    ]
+    return "\n".join(lines)
+
+
+def _statuses(statuses: dict[str, int]) -> str:
+    return ", ".join(f"{name} {count}" for name, count in sorted(statuses.items(), key=lambda item: -item[1]))
+
+
+def calls_table(records: list[dict[str, Any]], started_at: str | None, width: int | None = None) -> str:
+    """`trial-tool show`: one line a record."""
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    origin = _parse_time(started_at) if started_at else None
+    header = ("seq", "start", "secs", "status", "exit", "tokens", "clip", "command")
+    rows: list[tuple[str, ...]] = []
+    for record in records:
+        start = _parse_time(record.get("started_at_utc") or record.get("at_utc"))
+        offset = f"+{(start - origin).total_seconds():.1f}s" if start and origin else "-"
+        ran = record.get("elapsed_seconds")
+        exit_code = record.get("command_exit_code")
+        if exit_code is None and record.get("command_signal") is not None:
+            exit_code = f"sig{record['command_signal']}"
+        tokens = record.get("delivered_emitted_tokens")
+        allowance = record.get("allowance_tokens")
+        rows.append(
+            (
+                str(record.get("sequence", "-")),
+                offset,
+                f"{ran:.2f}" if isinstance(ran, (int, float)) else "-",
+                str(record.get("status") or record.get("record_type")),
+                "-" if exit_code is None else str(exit_code),
+                "-" if tokens is None else f"{tokens}/{allowance}",
+                "yes" if record.get("output_truncated") else "",
+                command_text(record) if record.get("record_type") != "trial_tool_repair" else "(log repaired)",
+            )
+        )
+    return _table(header, rows, width)
+
+
+def _parse_time(text: Any) -> Any:
+    from datetime import datetime
+
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], width: int) -> str:
+    """Aligned columns; the last one cut to the terminal's width."""
+    widths = [max([len(header[i])] + [len(row[i]) for row in rows]) for i in range(len(header) - 1)]
+    lines = []
+    for row in [header, *rows]:
+        fixed = "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:-1]))
+        room = max(10, width - len(fixed) - 2)
+        last = row[-1] if len(row[-1]) <= room else row[-1][: room - 1] + "…"
+        lines.append(f"{fixed}  {last}".rstrip())
+    return "\n".join(lines)
+
+
+def trial_row(summary: dict[str, Any], base: str | None = None) -> dict[str, Any]:
+    """A trial as one flat row of TRIAL_COLUMNS."""
+    limits = summary["limits"]
+    path = summary["state"]
+    if base:
+        try:
+            path = os.path.relpath(path, base)
+        except ValueError:
+            pass
+    return {
+        "trial": path,
+        "trial_id": summary["trial_id"],
+        "calls": summary["used"]["calls"],
+        "max_calls": limits.get("max_calls"),
+        "tokens": summary["used"]["tokens"],
+        "max_tokens": limits.get("max_tokens"),
+        "seconds": summary["used"]["seconds"],
+        "trial_timeout": limits.get("trial_timeout"),
+        "ended_by": summary["ended_by"] or "",
+        "integrity": summary["integrity"]["verdict"],
+        "why": summary["integrity"].get("why", ""),
+        "statuses": _statuses(summary["statuses"]),
+        "sandbox": summary["sandbox"]["mode"],
+        "keyed": summary["keyed"],
+        "score": summary.get("score", ""),
+    }
+
+
+def overview_lines(overview: dict[str, Any]) -> list[str]:
+    """The report's overview, for the terminal and markdown alike (plain lines)."""
+    fairness = overview["fairness"]
+    majority = fairness["majority"]
+    lines = [f"{overview['trials']} trials"]
+    if fairness["same_rules"]:
+        lines.append("fairness: every trial was held to the same rules")
+    else:
+        flagged = sum(other["trials"] for other in fairness["others"])
+        lines.append(f"fairness: {flagged} trials differ from the majority's rules ({majority['trials']} trials):")
+        for other in fairness["others"]:
+            differs = "; ".join(f"{name} {mine} -> {theirs}" for name, (mine, theirs) in other["differs"].items())
+            lines.append(f"  {other['trials']} trials: {differs}")
+    limits = majority["limits"]
+    lines.append(
+        f"rules: calls {limits.get('max_calls')}, tokens {limits.get('max_tokens')}, "
+        f"call tokens {limits.get('max_call_tokens')}, trial {limits.get('trial_timeout')} s, "
+        f"call {limits.get('call_timeout')} s, sandbox {majority['sandbox']['mode']} "
+        f"(network {majority['sandbox']['network']}), tokenizer {', '.join(majority['tokenizer'])}"
+    )
+    lines.append("integrity: " + ", ".join(f"{name} {count}" for name, count in overview["integrity"].items()))
+    if overview["duplicate_trial_ids"]:
+        lines.append(f"duplicate trial ids (copies counted twice?): {len(overview['duplicate_trial_ids'])}")
+    lines.append("ended by: " + ", ".join(f"{name} {count}" for name, count in overview["ended_by"].items()))
+    for name in ("calls", "tokens", "seconds"):
+        used, share = overview["used"][name], overview["share_of_limit"][name]
+        lines.append(
+            f"{name}: median {used['median']:g}, p90 {used['p90']:g}, max {used['max']:g} "
+            f"({share['median']:.0%} / {share['p90']:.0%} / {share['max']:.0%} of the limit)"
+        )
+    lines.append("outcomes: " + _statuses(overview["statuses"]))
+    if "scores" in overview:
+        groups = overview["scores"]["by_ended_by"]
+        shown = ", ".join(f"{name}: {group['mean']:g} over {group['trials']}" for name, group in groups.items())
+        lines.append(f"mean score by what ended the trial ({overview['scores']['matched']} scored): {shown}")
+    return lines
+
+
+def report_table(report: Any, out: IO[str], base: str | None) -> None:
+    out.write("\n".join(overview_lines(report.overview)) + "\n\n")
+    header = ("calls", "tokens", "secs", "ended", "integrity", "score", "trial")
+    width = shutil.get_terminal_size((160, 24)).columns
+    batch: list[tuple[str, ...]] = []
+    for summary in report.trials():
+        row = trial_row(summary, base)
+        batch.append(
+            (
+                f"{row['calls']}/{row['max_calls']}",
+                f"{row['tokens']}/{row['max_tokens']}",
+                f"{row['seconds']:g}",
+                row["ended_by"] or "-",
+                row["integrity"],
+                "" if row["score"] == "" else f"{row['score']:g}",
+                row["trial"] + (f"  ({row['why']})" if row["why"] else ""),
+            )
+        )
+        if len(batch) == 1000:  # aligned per thousand rows, so the table streams
+            out.write(_table(header, batch, width) + "\n")
+            batch = []
+    if batch:
+        out.write(_table(header, batch, width) + "\n")
+
+
+def report_markdown(report: Any, out: IO[str], base: str | None) -> None:
+    out.write("# Trials\n\n" + "\n".join(f"- {line.strip()}" for line in overview_lines(report.overview)) + "\n\n")
+    out.write("| " + " | ".join(TRIAL_COLUMNS) + " |\n|" + " --- |" * len(TRIAL_COLUMNS) + "\n")
+    for summary in report.trials():
+        row = trial_row(summary, base)
+        cells = [str(row[column]).replace("|", "\\|").replace("\n", " ") for column in TRIAL_COLUMNS]
+        out.write("| " + " | ".join(cells) + " |\n")
+
+
+def report_csv(report: Any, out: IO[str], base: str | None) -> None:
+    writer = csv.DictWriter(out, fieldnames=TRIAL_COLUMNS)
+    writer.writeheader()
+    for summary in report.trials():
+        writer.writerow(trial_row(summary, base))
+
+
+def report_json(report: Any, out: IO[str], base: str | None) -> None:
+    """One JSON document: {"overview": ..., "trials": [summary, ...]}, written as it is read."""
+    del base
+    out.write('{"overview": ' + json.dumps(report.overview) + ', "trials": [')
+    for index, summary in enumerate(report.trials()):
+        out.write(("," if index else "") + "\n" + json.dumps(summary))
+    out.write("\n]}\n")
+
+
+__all__ = ["TRIAL_COLUMNS", "calls_table", "overview_lines", "report_csv", "report_json", "report_markdown"]

@@ -1,0 +1,291 @@
+"""Many trials at once: each verified and summed up in parallel, then compared.
+
+`build` summarises every trial found under the given paths in worker processes
+and streams the summaries to a spool file on disk, keeping in memory only
+what the comparison needs (a few numbers a trial, and a count per distinct
+set of rules), so memory stays flat however many trials there are. The
+overview it returns answers a grader's first questions: were all trials held
+to the same rules (the fairness check), which are intact, how much of each
+budget they used, which budget stopped them, and, given the benchmark's own
+scores, whether the trials a budget stopped scored lower.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
+
+from ..errors import UsageError
+from . import summary as summaries
+from .calls import Replayer, command_text, mapping
+
+#: Trials a worker takes at a time: large enough to keep the pipe busy, small enough for a smooth progress bar.
+_CHUNK = 32
+#: How much of each delivered stream the HTML report embeds per call.
+TEXT_PREVIEW = 2000
+
+
+class Report:
+    """The overview of many trials, and their summaries streamed back from disk, flagged ones first."""
+
+    def __init__(self, spool: IO[bytes], overview: dict[str, Any], flagged: set[int]) -> None:
+        self._spool = spool
+        self.overview = overview
+        self._flagged = flagged
+
+    def trials(self, *, details: bool = False) -> Iterator[dict[str, Any]]:
+        """Every trial's summary (with `calls` when built with them and `details`), flagged trials first."""
+        for want_flagged in (True, False):
+            self._spool.seek(0)
+            for index, line in enumerate(self._spool):
+                if (index in self._flagged) != want_flagged:
+                    continue
+                entry: dict[str, Any] = json.loads(line)
+                if not details:
+                    entry.pop("calls", None)
+                yield entry
+
+    def close(self) -> None:
+        self._spool.close()
+
+
+def load_scores(path: str) -> dict[str, float]:
+    """trial id -> score, from CSV (a header naming `trial_id` and `score`, or two columns) or JSON lines."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            text = handle.read()
+    except OSError as exc:
+        msg = f"cannot read scores {path}: {exc.strerror or exc}"
+        raise UsageError(msg) from exc
+    scores: dict[str, float] = {}
+    stripped = text.lstrip()
+    try:
+        if stripped.startswith("{"):
+            for line in text.splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    scores[str(row["trial_id"])] = float(row["score"])
+            return scores
+        rows = list(csv.reader(text.splitlines()))
+        if rows and "trial_id" in rows[0]:
+            header = rows[0]
+            id_at, score_at = header.index("trial_id"), header.index("score")
+            rows = rows[1:]
+        else:
+            id_at, score_at = 0, 1
+        for row in rows:
+            if row:
+                scores[row[id_at]] = float(row[score_at])
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        msg = f"scores {path}: expected CSV (trial_id,score) or JSON lines with trial_id and score ({exc})"
+        raise UsageError(msg) from exc
+    return scores
+
+
+def _work(job: tuple[str, str, bytes | None, bool]) -> dict[str, Any]:
+    state, log, key, with_calls = job
+    from ..ledger import snapshot
+
+    try:
+        taken = snapshot.read(state, log)
+    except Exception as exc:  # a worker reports what it cannot read; it must not kill the report
+        return summaries._unreadable(state, log, str(getattr(exc, "message", exc)))
+    summary, records = summaries.summarize_snapshot(taken, state, log, key)
+    if with_calls:
+        summary["calls"] = [_call_entry(record) for record in records]
+    return summary
+
+
+_REPLAYER: Replayer | None = None
+
+
+def _call_entry(record: dict[str, Any]) -> dict[str, Any]:
+    """One call as the HTML report shows it: timing, outcome, tokens, and the start of what was delivered."""
+    global _REPLAYER
+    if _REPLAYER is None:
+        _REPLAYER = Replayer()
+    given = _REPLAYER.delivered(record) if record.get("record_type") != "trial_tool_repair" else None
+    after = mapping(record.get("ledger_after"))
+    wall = record.get("wall_elapsed_seconds")
+    ran = record.get("elapsed_seconds")
+    return {
+        "sequence": record.get("sequence"),
+        "status": record.get("status") or record.get("record_type"),
+        "end": wall if isinstance(wall, (int, float)) else None,
+        "duration": ran if isinstance(ran, (int, float)) else 0.0,
+        "exit": record.get("command_exit_code"),
+        "tokens": record.get("delivered_emitted_tokens"),
+        "allowance": record.get("allowance_tokens"),
+        "clipped": bool(record.get("output_truncated")),
+        "calls_after": after.get("charged_calls"),
+        "tokens_after": after.get("emitted_tokens"),
+        "command": command_text(record)[:500],
+        "stdout": "" if given is None else given.stdout[:TEXT_PREVIEW],
+        "stderr": "" if given is None else given.stderr[:TEXT_PREVIEW],
+        "more": given is not None and max(len(given.stdout), len(given.stderr)) > TEXT_PREVIEW,
+        "matches": None if given is None else given.matches,
+        "error": record.get("error"),
+    }
+
+
+def _results(jobs: list[tuple[str, str, bytes | None, bool]], workers: int) -> Iterator[dict[str, Any]]:
+    if workers <= 1 or len(jobs) < 2 * _CHUNK:
+        yield from map(_work, jobs)
+        return
+    import multiprocessing
+
+    # fork where it is safe (Linux; this process has no threads of its own): workers start in ~1 ms.
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
+    with context.Pool(workers) as pool:
+        yield from pool.imap(_work, jobs, chunksize=_CHUNK)
+
+
+def _progress(total: int) -> Callable[[int], None]:
+    """A progress line on stderr when it is a terminal, redrawn at most ten times a second."""
+    if not sys.stderr.isatty():
+        return lambda done: None
+    last = [0.0]
+
+    def show(done: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] >= 0.1:
+            last[0] = now
+            width = 30
+            filled = width * done // max(1, total)
+            end = "\n" if done == total else ""
+            sys.stderr.write(f"\rverifying [{'#' * filled}{'.' * (width - filled)}] {done}/{total}{end}")
+            sys.stderr.flush()
+
+    return show
+
+
+def build(
+    pairs: Iterable[tuple[str, str]],
+    *,
+    key: bytes | None = None,
+    workers: int | None = None,
+    scores: dict[str, float] | None = None,
+    with_calls: bool = False,
+) -> Report:
+    """Verify and summarise every trial of `pairs`; the overview, and the summaries spooled to disk."""
+    jobs = [(state, log, key, with_calls) for state, log in pairs]
+    if not jobs:
+        msg = "no trials found (a trial is a state .json and its log .jsonl)"
+        raise UsageError(msg)
+    workers = workers or os.cpu_count() or 1
+    spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed by Report.close, or below on failure)
+    rules: Counter[str] = Counter()
+    keys = array("l")  # the index of each trial's rules in `order`
+    order: dict[str, int] = {}
+    used = {"calls": array("d"), "tokens": array("d"), "seconds": array("d")}
+    share = {"calls": array("d"), "tokens": array("d"), "seconds": array("d")}
+    integrity: Counter[str] = Counter()
+    ended: Counter[str] = Counter()
+    statuses: Counter[str] = Counter()
+    ids: Counter[str] = Counter()
+    scored: dict[str, list[float]] = {}
+    keyed = 0
+    progress = _progress(len(jobs))
+    try:
+        for done, summary in enumerate(_results(jobs, workers), 1):
+            if scores is not None and summary.get("trial_id") in scores:
+                summary["score"] = scores[summary["trial_id"]]
+            spool.write(json.dumps(summary, separators=(",", ":")).encode() + b"\n")
+            rule = summaries.fairness_key(summary)
+            rules[rule] += 1
+            keys.append(order.setdefault(rule, len(order)))
+            limits = summary["limits"]
+            for name, limit in (("calls", "max_calls"), ("tokens", "max_tokens"), ("seconds", "trial_timeout")):
+                value = float(summary["used"][name])
+                used[name].append(value)
+                cap = limits.get(limit)
+                share[name].append(value / cap if isinstance(cap, (int, float)) and cap > 0 else 0.0)
+            integrity[summary["integrity"]["verdict"]] += 1
+            ended[summary["ended_by"] or "none"] += 1
+            statuses.update(summary["statuses"])
+            if summary.get("trial_id"):
+                ids[summary["trial_id"]] += 1
+            keyed += bool(summary["keyed"])
+            if "score" in summary:
+                scored.setdefault(summary["ended_by"] or "none", []).append(float(summary["score"]))
+            progress(done)
+    except BaseException:
+        spool.close()
+        raise
+    majority, _ = rules.most_common(1)[0]
+    majority_index = order[majority]
+    flagged = {index for index, rule in enumerate(keys) if rule != majority_index}
+    overview = {
+        "trials": len(jobs),
+        "fairness": _fairness(rules, majority),
+        "integrity": dict(sorted(integrity.items())),
+        "keyed": keyed,
+        "duplicate_trial_ids": sorted(trial_id for trial_id, count in ids.items() if count > 1),
+        "ended_by": dict(sorted(ended.items())),
+        "statuses": dict(sorted(statuses.items())),
+        "used": {name: _distribution(values) for name, values in used.items()},
+        "share_of_limit": {name: _distribution(values) for name, values in share.items()},
+        "histograms": {name: _histogram(values) for name, values in share.items()},
+    }
+    if scores is not None:
+        overview["scores"] = {
+            "matched": sum(len(values) for values in scored.values()),
+            "by_ended_by": {
+                name: {"trials": len(values), "mean": round(statistics.fmean(values), 4)}
+                for name, values in sorted(scored.items())
+            },
+        }
+    return Report(spool, overview, flagged)
+
+
+def _fairness(rules: Counter[str], majority: str) -> dict[str, Any]:
+    """The majority's rules, and each other set of rules with how it differs and how many trials hold it."""
+    base = json.loads(majority)
+    others = []
+    for rule, count in rules.most_common():
+        if rule == majority:
+            continue
+        theirs = json.loads(rule)
+        others.append({"trials": count, "differs": _differences(base, theirs)})
+    return {"same_rules": not others, "majority": {"trials": rules[majority], **base}, "others": others}
+
+
+def _differences(base: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    """field -> [majority's value, theirs], over limits, sandbox and tokenizer."""
+    found: dict[str, Any] = {}
+    for group in ("limits", "sandbox"):
+        mine, other = base.get(group) or {}, theirs.get(group) or {}
+        for name in sorted(set(mine) | set(other)):
+            if mine.get(name) != other.get(name):
+                found[f"{group}.{name}"] = [mine.get(name), other.get(name)]
+    if base.get("tokenizer") != theirs.get("tokenizer"):
+        found["tokenizer"] = [base.get("tokenizer"), theirs.get("tokenizer")]
+    return found
+
+
+def _distribution(values: array[float]) -> dict[str, float]:
+    if not values:
+        return {"median": 0.0, "p90": 0.0, "max": 0.0}
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return {"median": round(statistics.median(ordered), 4), "p90": round(p90, 4), "max": round(ordered[-1], 4)}
+
+
+def _histogram(values: array[float], bins: int = 20) -> list[int]:
+    """How many trials used each twentieth of a budget (the last bin holds 95-100% and over)."""
+    counts = [0] * bins
+    for value in values:
+        counts[min(bins - 1, max(0, int(value * bins)))] += 1
+    return counts
+
+
+__all__ = ["TEXT_PREVIEW", "Report", "build", "load_scores"]

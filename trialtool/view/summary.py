@@ -1,0 +1,195 @@
+"""One trial summed up for a grader: its limits, what it used, what stopped it, whether it is intact.
+
+Everything here reads a trial's files at one moment (ledger/snapshot.py),
+without the lock, and never writes. A summary is a plain JSON-able dict (its
+shape is documented in docs/graders.md), so that worker processes can hand it
+back cheaply and every output format reads the same fields.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from typing import Any
+
+from ..errors import StateError, TrialToolError
+from ..ledger import audit, liveness, snapshot
+from ..ledger.records import REFUSED, REPAIR
+from ..ledger.state import TrialState, decode
+from ..ledger.verify import Report, check
+from .calls import mapping, typed
+
+#: Which budget a refusal status speaks of.
+BUDGET_OF = {"maximum_tool_calls": "calls", "maximum_emitted_tokens": "tokens", "task_timeout_seconds": "time"}
+
+
+def records_of(log: bytes) -> list[dict[str, Any]]:
+    """The log's whole lines that parse as JSON objects (a torn or bad line ends the list)."""
+    found = []
+    for raw in log.splitlines(keepends=True):
+        if not raw.endswith(b"\n"):
+            break
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            break
+        if not isinstance(record, dict):
+            break
+        found.append(record)
+    return found
+
+
+def _state(taken: snapshot.Snapshot, state_path: str, key: bytes | None) -> tuple[TrialState | None, dict[str, Any]]:
+    """The decoded state (None when it cannot be), and its raw document for what can still be shown."""
+    if taken.state is None:
+        return None, {}
+    try:
+        raw: Any = json.loads(taken.state)
+    except ValueError:
+        raw = {}
+    if not isinstance(raw, dict):
+        raw = {}
+    try:
+        return decode(taken.state, state_path, audit.Chain(key)), raw
+    except TrialToolError:
+        return None, raw
+
+
+def _integrity(report: Report, keyed: bool, key: bytes | None, in_progress: bool) -> dict[str, Any]:
+    if keyed and key is None:
+        return {"verdict": "unverified", "why": "a keyed trial: give its key (--key-file) to verify it"}
+    if report.ok and not report.recoverable:
+        return {"verdict": "clean"}
+    if report.ok:
+        verdict = "in_progress" if in_progress else "recoverable"
+        return {"verdict": verdict, "why": report.recoverable[0]}
+    if in_progress:
+        return {"verdict": "in_progress", "why": report.problems[0].message}
+    first = report.problems[0]
+    return {
+        "verdict": "failed",
+        "first_bad_sequence": next((p.sequence for p in report.problems if p.sequence is not None), None),
+        "line": first.line,
+        "why": first.message,
+    }
+
+
+def _in_progress(state: TrialState | None, taken: snapshot.Snapshot) -> bool:
+    """A call is running or being committed right now (its owner is alive)."""
+    if taken.moving:
+        return True
+    if state is None:
+        return False
+    return any(liveness.alive(entry.pid, entry.pid_token) for entry in state.in_flight.values())
+
+
+def summarize(state_path: str, log_path: str, key: bytes | None = None) -> dict[str, Any]:
+    """The summary of the trial at `state_path` and `log_path`; never raises for what it finds in them.
+
+    StateError when there is no trial there at all.
+    """
+    if not os.path.lexists(state_path) and not os.path.lexists(log_path):
+        msg = f"no trial at {state_path} (and no log at {log_path})"
+        raise StateError(msg)
+    try:
+        taken = snapshot.read(state_path, log_path)
+    except TrialToolError as exc:
+        return _unreadable(state_path, log_path, exc.message)
+    return summarize_snapshot(taken, state_path, log_path, key)[0]
+
+
+def summarize_snapshot(
+    taken: snapshot.Snapshot, state_path: str, log_path: str, key: bytes | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(the summary, the log's records) of a trial read at one moment."""
+    state, raw = _state(taken, state_path, key)
+    keyed = raw.get("chain") == "hmac-sha256"
+    report = check(taken, state_path, key if keyed else None)
+    records = records_of(taken.log)
+    in_progress = _in_progress(state, taken)
+    statuses: Counter[str] = Counter()
+    ended_by = None
+    tokenizers = set()
+    first_at = last_at = None
+    for record in records:
+        if record.get("record_type") == REPAIR:
+            statuses["log_repaired"] += 1
+            continue
+        status = str(record.get("status"))
+        statuses[status] += 1
+        if status in REFUSED and ended_by is None:
+            ended_by = BUDGET_OF[status]
+        if record.get("tokenizer"):
+            tokenizers.add(str(record["tokenizer"]))
+        started = record.get("started_at_utc") or record.get("at_utc")
+        first_at = first_at or started
+        last_at = record.get("ended_at_utc") or record.get("at_utc") or last_at
+    limits = mapping(raw.get("limits"))
+    sandbox = mapping(raw.get("sandbox"))
+    calls = _whole(raw.get("calls"))
+    tokens = _whole(raw.get("emitted_tokens"))
+    seconds = typed("float", raw.get("elapsed_seconds")) or 0.0
+    if ended_by is None and limits:
+        # No refusal, but a budget used to its last unit: the agent could not have gone on.
+        if calls >= _whole(limits.get("max_calls")) > 0:
+            ended_by = "calls"
+        elif tokens >= _whole(limits.get("max_tokens")) > 0:
+            ended_by = "tokens"
+    log_head = mapping(raw.get("log"))
+    summary = {
+        "state": state_path,
+        "log": log_path,
+        "trial_id": raw.get("trial_id") if isinstance(raw.get("trial_id"), str) else None,
+        "started_at_utc": raw.get("started_at_utc"),
+        "first_call_at_utc": first_at,
+        "last_call_at_utc": last_at,
+        "keyed": keyed,
+        "limits": limits,
+        "sandbox": {"mode": sandbox.get("mode", "none"), "network": sandbox.get("network", "none")},
+        "tokenizer": sorted(tokenizers) or ["o200k_base"],
+        "used": {"calls": calls, "tokens": tokens, "seconds": round(float(seconds), 3)},
+        "refused_calls": _whole(raw.get("refused_calls")),
+        "in_flight": len(mapping(raw.get("in_flight"))),
+        "ended_by": ended_by,
+        "statuses": dict(sorted(statuses.items())),
+        "records": len(records),
+        "head": log_head.get("head"),
+        "integrity": _integrity(report, keyed, key, in_progress),
+    }
+    return summary, records
+
+
+def _whole(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _unreadable(state_path: str, log_path: str, why: str) -> dict[str, Any]:
+    return {
+        "state": state_path,
+        "log": log_path,
+        "trial_id": None,
+        "keyed": False,
+        "limits": {},
+        "sandbox": {"mode": "none", "network": "none"},
+        "tokenizer": [],
+        "used": {"calls": 0, "tokens": 0, "seconds": 0.0},
+        "refused_calls": 0,
+        "in_flight": 0,
+        "ended_by": None,
+        "statuses": {},
+        "records": 0,
+        "head": None,
+        "integrity": {"verdict": "failed", "why": why},
+    }
+
+
+def fairness_key(summary: dict[str, Any]) -> str:
+    """What must be the same in every trial of a benchmark: pinned limits, sandbox, tokenizer."""
+    return json.dumps(
+        {"limits": summary["limits"], "sandbox": summary["sandbox"], "tokenizer": summary["tokenizer"]},
+        sort_keys=True,
+    )
+
+
+__all__ = ["BUDGET_OF", "fairness_key", "records_of", "summarize", "summarize_snapshot"]
