@@ -2,6 +2,8 @@
 """Per-call cost of trial-tool against the bare command. Figures, not a test.
 
     python scripts/bench.py [--runs N] [--trial-tool PATH]
+    python scripts/bench.py --trials DIR [--replicate K]    # the graders' view over real trials
+
 
 Prints, for each case, the bare command's median wall time, trial-tool's, the
 overhead (their difference) and the ratio, plus what the imports cost. Targets:
@@ -9,7 +11,9 @@ a cold CLI call with no output at most 80 ms over bare; a call with output
 pays for the encoder once and tokenizes once; the per-call overhead of a warm
 front door over a bare `subprocess.run` of `echo hello` in the same process:
 the API at most 5 ms, `serve` 10 ms, an MCP tool call 20 ms; the bwrap
-sandbox at most 15 ms over no sandbox, warm.
+sandbox at most 15 ms over no sandbox, warm. The graders' view (make the trials
+with scripts/make_trials.py): over 10 000 trials of 12 calls, `report` with
+verification within 20 s and 500 MB, `export` to Parquet within 20 s.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from pathlib import Path
 TARGET_NO_OUTPUT_MS = 80.0
 TARGET_WARM_MS = {"API": 5.0, "serve": 10.0, "MCP": 20.0}
 TARGET_SANDBOX_WARM_MS = 15.0
+#: The graders' view over 10 000 trials of 12 calls: seconds and MB (all processes of the command together).
+TARGET_REPORT = (20.0, 500.0)
+TARGET_EXPORT_S = 20.0
 #: Every figure but the sandbox's own is taken without it, so that they compare across machines
 #: and with the targets above; the sandbox section gives what bwrap adds.
 UNSANDBOXED = ["--sandbox", "none"]
@@ -392,11 +399,72 @@ def ledger_figures(tool: str, work: Path, python: str) -> None:
     print(f"  reserve + commit, in process (lock, checks, 3 fsyncs): {float(done.stdout):.2f} ms a call")
 
 
+def tree_peak(argv: list[str]) -> tuple[float, float, int]:
+    """(seconds, peak MB of the process and all its children together, exit code) of `argv`."""
+    import psutil
+
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = 0
+    try:
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            total = 0
+            try:
+                for each in [root, *root.children(recursive=True)]:
+                    total += each.memory_info().rss
+            except psutil.Error:
+                pass
+            peak = max(peak, total)
+            time.sleep(0.02)
+    finally:
+        proc.wait()
+    return time.perf_counter() - started, peak / 1e6, proc.returncode
+
+
+def graders_figures(tool: str, trials: Path, replicate: int) -> None:
+    """`report` (verify every trial) and `export` to Parquet over DIR; then over DIR hard-linked `replicate` times."""
+    count = sum(1 for _ in trials.rglob("*.jsonl"))
+    out = Path(tempfile.mkdtemp(prefix="trialtool-graders-"))
+    print(f"\nthe graders' view over {trials} ({count} trials), wall time and peak memory of all its processes:")
+    try:
+        cases = [(trials, count)]
+        if replicate > 1:
+            # Hard links: the same files under `replicate` names (their trial ids repeat; the report says so).
+            copies = trials.parent / f".{trials.name}-x{replicate}"
+            if not copies.exists():
+                for index in range(replicate):
+                    subprocess.run(["cp", "-al", str(trials), str(copies / f"copy-{index:02}")], check=True)
+            cases.append((copies, count * replicate))
+        for root, trials_there in cases:
+            for label, argv in (
+                ("report, verifying all", [tool, "report", str(root), "--format", "json", "-o", str(out / "r.json")]),
+                ("export to Parquet", [tool, "export", str(root), "--format", "parquet", "-o", str(out / "c.parquet")]),
+                ("report as HTML", [tool, "report", str(root), "--format", "html", "-o", str(out / "r.html")]),
+            ):
+                seconds, megabytes, code = tree_peak(argv)
+                target = ""
+                if trials_there == 10_000 and label.startswith("report, "):
+                    met = seconds <= TARGET_REPORT[0] and megabytes <= TARGET_REPORT[1]
+                    target = f"  {'meets' if met else 'MISSES'} {TARGET_REPORT[0]:.0f} s, {TARGET_REPORT[1]:.0f} MB"
+                elif trials_there == 10_000 and label.startswith("export"):
+                    target = f"  {'meets' if seconds <= TARGET_EXPORT_S else 'MISSES'} {TARGET_EXPORT_S:.0f} s"
+                figures = f"{seconds:7.1f} s  {megabytes:6.0f} MB  exit {code}"
+                print(f"  {trials_there:>7} trials  {label:<22} {figures}{target}")
+    finally:
+        shutil.rmtree(out)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--trial-tool", default=shutil.which("trial-tool") or "trial-tool")
+    parser.add_argument("--trials", type=Path, help="only the graders' figures, over the trials in this directory")
+    parser.add_argument("--replicate", type=int, default=1, help="with --trials: also over K hard-linked copies")
     args = parser.parse_args()
+    if args.trials is not None:
+        graders_figures(args.trial_tool, args.trials, args.replicate)
+        return 0
     tool = args.trial_tool
     python = sys.executable
     work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))

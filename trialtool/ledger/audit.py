@@ -162,9 +162,4 @@ def read_tail(path: str, head: LogHead, chain: Chain) -> Tail:
     return Tail(json.loads(known[head.last_offset : -1]), extra)
 
 
-def lines(path: str) -> list[bytes]:
-    """Every line of the log, newline included on all but perhaps a torn last one."""
-    return (fsio.read_bytes(path) or b"").splitlines(keepends=True)
-
-
-__all__ = ["GENESIS", "Chain", "LogHead", "Tail", "append", "encode", "lines", "read_tail"]
+__all__ = ["GENESIS", "Chain", "LogHead", "Tail", "append", "encode", "read_tail"]
