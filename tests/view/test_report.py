@@ -175,3 +175,34 @@ def test_histograms_count_every_trial_once(shares: list[float]) -> None:
     if shares:
         # Figures are rounded to 4 places.
         assert min(shares) - 1e-4 <= spread["median"] <= spread["p90"] <= spread["max"] == round(max(shares), 4)
+
+
+def test_a_progress_bar_only_on_a_terminal(bench: Path) -> None:
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "trialtool", "report", str(bench)],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            timeout=120,
+        )
+        os.close(follower)
+        follower = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other side is closed and drained
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if follower >= 0:
+            os.close(follower)
+        os.close(leader)
+    assert done.returncode == 1 and b"verifying [" in seen and b"6/6" in seen
+    assert b"verifying" not in cli("report", str(bench)).stderr  # not a terminal: no bar

@@ -150,7 +150,7 @@ def report(args: Arguments, key: bytes | None) -> int:
     if chosen not in REPORT_FORMATS:
         raise UsageError(f"--format must be one of {', '.join(REPORT_FORMATS)}, not {chosen!r}")
     if chosen == "html":
-        html._plotly_js()  # the extra is there, before any trial is read
+        html.plotly_js()  # the extra is there, before any trial is read
     scores = reports.load_scores(args.scores) if args.scores else None
     built = reports.build(find(args.paths), key=key, workers=args.jobs, scores=scores, with_calls=chosen == "html")
     base = os.path.commonpath([os.path.abspath(p) for p in args.paths if "*" not in p] or [os.getcwd()])

@@ -26,7 +26,8 @@ from .render import overview_lines
 DETAILS = 2000
 
 
-def _plotly_js() -> str:
+def plotly_js() -> str:
+    """Plotly's JavaScript bundle, or UsageError naming the extra that brings it."""
     try:
         from plotly.offline import get_plotlyjs  # type: ignore[import-untyped]
     except ImportError as exc:
@@ -54,7 +55,7 @@ def _json(value: Any) -> str:
 
 
 def write(report: Any, out: IO[str], *, details: int = DETAILS, title: str = "trial-tool report") -> None:
-    plotly = _plotly_js()  # before anything is written: a missing extra leaves no half page
+    plotly = plotly_js()  # before anything is written: a missing extra leaves no half page
     overview = report.overview
     head = _HEAD.replace("TITLE", html.escape(title)).replace("CSP", _CSP).replace("STYLE", _static("report.css"))
     out.write(head)

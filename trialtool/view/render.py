@@ -232,4 +232,14 @@ def report_json(report: Any, out: IO[str], base: str | None) -> None:
     out.write("\n]}\n")
 
 
-__all__ = ["TRIAL_COLUMNS", "calls_table", "overview_lines", "report_csv", "report_json", "report_markdown"]
+__all__ = [
+    "TRIAL_COLUMNS",
+    "calls_table",
+    "overview_lines",
+    "report_csv",
+    "report_json",
+    "report_markdown",
+    "report_table",
+    "status_text",
+    "trial_row",
+]

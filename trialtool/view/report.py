@@ -98,7 +98,7 @@ def _work(job: tuple[str, str, bytes | None, bool]) -> dict[str, Any]:
     try:
         taken = snapshot.read(state, log)
     except Exception as exc:  # a worker reports what it cannot read; it must not kill the report
-        return summaries._unreadable(state, log, str(getattr(exc, "message", exc)))
+        return summaries.unreadable(state, log, str(getattr(exc, "message", exc)))
     summary, records = summaries.summarize_snapshot(taken, state, log, key)
     if with_calls:
         summary["calls"] = [_call_entry(record) for record in records]

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import StateError, TrialToolError
 from ..ledger import audit, liveness, snapshot
-from ..ledger.records import REFUSED, REPAIR
+from ..ledger.records import REFUSED, REPAIR, whole
 from ..ledger.state import TrialState, decode
 from ..ledger.verify import Report, check
 from .calls import mapping, typed
@@ -95,7 +95,7 @@ def summarize(state_path: str, log_path: str, key: bytes | None = None) -> dict[
     try:
         taken = snapshot.read(state_path, log_path)
     except TrialToolError as exc:
-        return _unreadable(state_path, log_path, exc.message)
+        return unreadable(state_path, log_path, exc.message)
     return summarize_snapshot(taken, state_path, log_path, key)[0]
 
 
@@ -127,14 +127,14 @@ def summarize_snapshot(
         last_at = record.get("ended_at_utc") or record.get("at_utc") or last_at
     limits = mapping(raw.get("limits"))
     sandbox = mapping(raw.get("sandbox"))
-    calls = _whole(raw.get("calls"))
-    tokens = _whole(raw.get("emitted_tokens"))
+    calls = whole(raw.get("calls"))
+    tokens = whole(raw.get("emitted_tokens"))
     seconds = typed("float", raw.get("elapsed_seconds")) or 0.0
     if ended_by is None and limits:
         # No refusal, but a budget used to its last unit: the agent could not have gone on.
-        if calls >= _whole(limits.get("max_calls")) > 0:
+        if calls >= whole(limits.get("max_calls")) > 0:
             ended_by = "calls"
-        elif tokens >= _whole(limits.get("max_tokens")) > 0:
+        elif tokens >= whole(limits.get("max_tokens")) > 0:
             ended_by = "tokens"
     log_head = mapping(raw.get("log"))
     summary = {
@@ -149,7 +149,7 @@ def summarize_snapshot(
         "sandbox": {"mode": sandbox.get("mode", "none"), "network": sandbox.get("network", "none")},
         "tokenizer": sorted(tokenizers) or ["o200k_base"],
         "used": {"calls": calls, "tokens": tokens, "seconds": round(float(seconds), 3)},
-        "refused_calls": _whole(raw.get("refused_calls")),
+        "refused_calls": whole(raw.get("refused_calls")),
         "in_flight": len(mapping(raw.get("in_flight"))),
         "ended_by": ended_by,
         "statuses": dict(sorted(statuses.items())),
@@ -160,11 +160,8 @@ def summarize_snapshot(
     return summary, records
 
 
-def _whole(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _unreadable(state_path: str, log_path: str, why: str) -> dict[str, Any]:
+def unreadable(state_path: str, log_path: str, why: str) -> dict[str, Any]:
+    """The summary of a trial whose files cannot be read at all."""
     return {
         "state": state_path,
         "log": log_path,
@@ -192,4 +189,4 @@ def fairness_key(summary: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["BUDGET_OF", "fairness_key", "records_of", "summarize", "summarize_snapshot"]
+__all__ = ["BUDGET_OF", "fairness_key", "records_of", "summarize", "summarize_snapshot", "unreadable"]
