@@ -433,6 +433,7 @@ def graders_figures(tool: str, trials: Path, replicate: int) -> None:
             # Hard links: the same files under `replicate` names (their trial ids repeat; the report says so).
             copies = trials.parent / f".{trials.name}-x{replicate}"
             if not copies.exists():
+                copies.mkdir()
                 for index in range(replicate):
                     subprocess.run(["cp", "-al", str(trials), str(copies / f"copy-{index:02}")], check=True)
             cases.append((copies, count * replicate))
