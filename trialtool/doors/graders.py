@@ -26,45 +26,24 @@ def status(args: Arguments, key: bytes | None) -> int:
     from ..view import render
     from ..view.summary import summarize
 
-    summary = summarize(args.state, args.log, key)
-    shown = _status_document(summary, key)
+    summary = summarize(args.state, args.log, key, now=True)
     if args.json:
-        print(json.dumps(shown, indent=2))
+        print(json.dumps(_status_document(summary), indent=2))
     else:
-        print(render.status_text(summary, shown["left"]))
+        print(render.status_text(summary, summary["left"]))
     return EXIT_NOT_INTACT if summary["integrity"]["verdict"] == "failed" else 0
 
 
-def _status_document(summary: dict[str, Any], key: bytes | None) -> dict[str, Any]:
-    """`status --json`: the summary, with what is left of each budget now (docs/graders.md)."""
-    from .. import budget
-    from ..ledger import audit, fsio
-    from ..ledger.state import decode
-
-    limits = summary["limits"]
-    used = summary["used"]
-    left = {
-        "calls": max(0, int(limits.get("max_calls") or 0) - used["calls"]),
-        "tokens": max(0, int(limits.get("max_tokens") or 0) - used["tokens"]),
-        "seconds": max(0.0, float(limits.get("trial_timeout") or 0) - used["seconds"]),
-        "seconds_used": used["seconds"],
-    }
-    raw = fsio.read_bytes(summary["state"])
-    if raw is not None:
-        try:
-            # Decoded, the state tells the trial's time now (it runs between calls too).
-            now = budget.of(decode(raw, summary["state"], audit.Chain(key)))
-            left.update(seconds=now.seconds_left, seconds_used=now.seconds_used)
-        except (StateError, StorageError):
-            pass
+def _status_document(summary: dict[str, Any]) -> dict[str, Any]:
+    """`status --json`: the summary's fields a harness or grader reads (docs/graders.md)."""
     return {
         "trial_id": summary["trial_id"],
         "state": summary["state"],
         "log": summary["log"],
-        "limits": limits,
+        "limits": summary["limits"],
         "sandbox": summary["sandbox"],
-        "used": used,
-        "left": left,
+        "used": summary["used"],
+        "left": summary["left"],
         "in_flight": summary["in_flight"],
         "refused_calls": summary["refused_calls"],
         "ended_by": summary["ended_by"],
@@ -118,20 +97,12 @@ def show(args: Arguments, key: bytes | None) -> int:
 
 
 @contextmanager
-def _output(path: str | None, binary: bool = False) -> Iterator[IO[Any]]:
-    """stdout, or a temporary file renamed to `path` once written whole."""
-    if path is None:
-        yield sys.stdout
-        return
+def _temporary(path: str) -> Iterator[str]:
+    """A temporary path beside `path`, renamed to it when the block ends well, removed otherwise."""
     directory = os.path.dirname(os.path.abspath(path))
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:
-        handle = open(temporary, "wb" if binary else "w", encoding=None if binary else "utf-8")  # noqa: SIM115
-    except OSError as exc:
-        raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    try:
-        with handle:
-            yield handle
+        yield temporary
         os.replace(temporary, path)
     except BaseException:
         try:
@@ -139,6 +110,21 @@ def _output(path: str | None, binary: bool = False) -> Iterator[IO[Any]]:
         except OSError:
             pass
         raise
+
+
+@contextmanager
+def _output(path: str | None) -> Iterator[IO[Any]]:
+    """stdout, or a temporary file renamed to `path` once written whole."""
+    if path is None:
+        yield sys.stdout
+        return
+    with _temporary(path) as temporary:
+        try:
+            handle = open(temporary, "w", encoding="utf-8")  # noqa: SIM115
+        except OSError as exc:
+            raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        with handle:
+            yield handle
 
 
 def report(args: Arguments, key: bytes | None) -> int:
@@ -183,14 +169,8 @@ def export(args: Arguments) -> int:
     if chosen == "parquet":
         if args.output is None:
             raise UsageError("--format parquet needs -o FILE")
-        directory = os.path.dirname(os.path.abspath(args.output))
-        temporary = os.path.join(directory, f".{os.path.basename(args.output)}.{os.getpid()}.tmp")
-        try:
+        with _temporary(args.output) as temporary:
             exports.write_parquet(source, temporary, args.text)
-            os.replace(temporary, args.output)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
         return 0
     with _output(args.output) as out:
         if chosen == "csv":

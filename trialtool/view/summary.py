@@ -13,6 +13,7 @@ import os
 from collections import Counter
 from typing import Any
 
+from .. import budget
 from ..errors import StateError, TrialToolError
 from ..ledger import audit, liveness, snapshot
 from ..ledger.records import REFUSED, REPAIR, whole
@@ -84,10 +85,10 @@ def _in_progress(state: TrialState | None, taken: snapshot.Snapshot) -> bool:
     return any(liveness.alive(entry.pid, entry.pid_token) for entry in state.in_flight.values())
 
 
-def summarize(state_path: str, log_path: str, key: bytes | None = None) -> dict[str, Any]:
+def summarize(state_path: str, log_path: str, key: bytes | None = None, *, now: bool = False) -> dict[str, Any]:
     """The summary of the trial at `state_path` and `log_path`; never raises for what it finds in them.
 
-    StateError when there is no trial there at all.
+    StateError when there is no trial there at all. `now`: with `left` (summarize_snapshot).
     """
     if not os.path.lexists(state_path) and not os.path.lexists(log_path):
         msg = f"no trial at {state_path} (and no log at {log_path})"
@@ -95,14 +96,21 @@ def summarize(state_path: str, log_path: str, key: bytes | None = None) -> dict[
     try:
         taken = snapshot.read(state_path, log_path)
     except TrialToolError as exc:
-        return unreadable(state_path, log_path, exc.message)
-    return summarize_snapshot(taken, state_path, log_path, key)[0]
+        found = unreadable(state_path, log_path, exc.message)
+        if now:
+            found["left"] = _left(None, {}, 0, 0, 0.0)
+        return found
+    return summarize_snapshot(taken, state_path, log_path, key, now=now)[0]
 
 
 def summarize_snapshot(
-    taken: snapshot.Snapshot, state_path: str, log_path: str, key: bytes | None
+    taken: snapshot.Snapshot, state_path: str, log_path: str, key: bytes | None, *, now: bool = False
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(the summary, the log's records) of a trial read at one moment."""
+    """(the summary, the log's records) of a trial read at one moment.
+
+    `now` adds `left`, what is left of each budget at this moment: it changes as trial
+    time runs, so a report (whose summaries must not depend on when it runs) leaves it out.
+    """
     state, raw = _state(taken, state_path, key)
     keyed = raw.get("chain") == "hmac-sha256"
     report = check(taken, state_path, key if keyed else None)
@@ -157,6 +165,8 @@ def summarize_snapshot(
         "head": log_head.get("head"),
         "integrity": _integrity(report, keyed, key, in_progress),
     }
+    if now:
+        summary["left"] = _left(state, limits, calls, tokens, float(seconds))
     return summary, records
 
 
@@ -178,6 +188,25 @@ def unreadable(state_path: str, log_path: str, why: str) -> dict[str, Any]:
         "records": 0,
         "head": None,
         "integrity": {"verdict": "failed", "why": why},
+    }
+
+
+def _left(state: TrialState | None, limits: dict[str, Any], calls: int, tokens: int, seconds: float) -> dict[str, Any]:
+    """What is left of each budget at the moment of reading (trial time runs between calls too)."""
+    if state is not None:
+        now = budget.of(state)
+        return {
+            "calls": now.calls_left,
+            "tokens": now.tokens_left,
+            "seconds": now.seconds_left,
+            "seconds_used": now.seconds_used,
+        }
+    timeout = typed("float", limits.get("trial_timeout")) or 0.0
+    return {
+        "calls": max(0, whole(limits.get("max_calls")) - calls),
+        "tokens": max(0, whole(limits.get("max_tokens")) - tokens),
+        "seconds": max(0.0, timeout - seconds),
+        "seconds_used": seconds,
     }
 
 
