@@ -64,6 +64,18 @@ class Interrupt(Protocol):
         """Whether the call's text still reaches the caller once it fired (else it is charged as nothing)."""
 
 
+def checked_input(data: bytes | str | None) -> bytes | None:
+    """A call's standard input as bytes (a str as UTF-8), or None for /dev/null."""
+    if data is None or isinstance(data, bytes):
+        return data
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    if isinstance(data, str):
+        return data.encode("utf-8", "surrogateescape")
+    msg = f"input must be bytes or text, not {type(data).__name__}"
+    raise UsageError(msg)
+
+
 def checked_request(
     *, timeout: float | None, cwd: str | os.PathLike[str] | None, env: dict[str, str] | None, default_cwd: bool
 ) -> str | None:
@@ -115,4 +127,4 @@ def command_argv(command: list[str] | tuple[str, ...] | str) -> list[str]:
     return argv
 
 
-__all__ = ["SHELL", "CallResult", "Interrupt", "checked_request", "command_argv"]
+__all__ = ["SHELL", "CallResult", "Interrupt", "checked_input", "checked_request", "command_argv"]

@@ -57,11 +57,13 @@ def deliver(
     started_wall: float,
     *,
     withheld: bool = False,
+    call_fields: dict[str, Any] | None = None,
 ) -> Delivery:
     """Clip the outcome's streams (and trial-tool's notice) to the allowance; the record of it all.
 
     `withheld`: the caller gave up on the call, so nothing is delivered and no
     token charged; what the command printed is still counted (`observed_*`).
+    `call_fields` are what the call was given besides its command (records.input_fields).
     """
     status, exit_code, notice = verdict
     limits = reservation.limits
@@ -138,6 +140,7 @@ def deliver(
         cpu_user_seconds=outcome.cpu_user,
         cpu_system_seconds=outcome.cpu_system,
         containment=outcome.containment,
+        **(call_fields or {}),
     )
     if withheld:
         record["withheld"] = True

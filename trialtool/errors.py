@@ -28,6 +28,8 @@ EXIT_TIMEOUT = 124
 EXIT_NOT_EXECUTABLE = 126
 #: The command was not found.
 EXIT_NOT_FOUND = 127
+#: The JSON-RPC error code of a TrialToolError (serve, `run --json`): a server error of its own range.
+ERROR_CODE = -32000
 
 
 class TrialToolError(Exception):
@@ -41,6 +43,11 @@ class TrialToolError(Exception):
         message = message.replace("\r", "\\r").replace("\n", "\\n")
         super().__init__(message)
         self.message = message
+
+    def as_json(self) -> dict[str, object]:
+        """The error as `serve` and `run --json` report it (a JSON-RPC error object)."""
+        data = {"kind": type(self).__name__, "exit_code": self.exit_code, "status": self.status}
+        return {"code": ERROR_CODE, "message": self.message, "data": data}
 
     def __reduce__(self) -> tuple[type[TrialToolError], tuple[str]]:
         # Subclasses with extra fields override this; the default keeps the
@@ -125,6 +132,7 @@ class BudgetExhausted(TrialToolError):
 
 
 __all__ = [
+    "ERROR_CODE",
     "EXIT_INTERNAL",
     "EXIT_NOT_EXECUTABLE",
     "EXIT_NOT_FOUND",

@@ -49,6 +49,8 @@ class Limits(NamedTuple):
     max_open_files: int = 0
     #: Processes in the command's tree at once (pids cgroup, else the supervisor's sweep); 0: none.
     max_procs: int = 1024
+    #: Bytes a call may pass to its command's standard input.
+    max_stdin_bytes: int = 1_048_576
 
 
 class Bound(NamedTuple):
@@ -80,7 +82,13 @@ BOUNDS: dict[str, Bound] = {
     "max_file_size": Bound(0, 1 << 40, 1, True),
     "max_open_files": Bound(0, 1 << 20, 8, True),
     "max_procs": Bound(0, 1 << 22, 1, True),
+    # The input travels whole in one message (to the per-user server, to the supervisor):
+    # 32 MiB keeps that message within the server's 64 MiB request bound.
+    "max_stdin_bytes": Bound(0, 1 << 25, None, True),
 }
+
+#: Limits a state written before they existed may lack; it has their defaults.
+LATER_FIELDS = ("max_stdin_bytes",)
 
 #: The CLI flag of each field, for messages that name what the user typed.
 FLAG_OF = {name: "--" + name.replace("_", "-") for name in Limits._fields}
@@ -136,8 +144,8 @@ def from_overrides(overrides: dict[str, Any]) -> Limits:
 
 
 def from_state(data: Any) -> Limits:
-    """The pinned limits as stored in a state file (every field required)."""
-    if not isinstance(data, dict) or set(data) != set(Limits._fields):
+    """The pinned limits as stored in a state file (every field required but those of LATER_FIELDS)."""
+    if not isinstance(data, dict) or not set(Limits._fields) - set(LATER_FIELDS) <= set(data) <= set(Limits._fields):
         msg = "pinned limits are missing or have unknown fields"
         raise ValueError(msg)
     return validate(Limits(**data))
@@ -161,6 +169,7 @@ __all__ = [
     "BOUNDS",
     "CLIP_MODES",
     "FLAG_OF",
+    "LATER_FIELDS",
     "Bound",
     "Limits",
     "check_pinned",

@@ -19,9 +19,9 @@ from typing import Any
 
 from . import budget, sandbox, tokens, verdict
 from .budget import Budget
-from .callresult import CallResult, Interrupt, checked_request, command_argv
+from .callresult import CallResult, Interrupt, checked_input, checked_request, command_argv
 from .delivery import deliver
-from .errors import Interrupted, StateError, TrialToolError
+from .errors import Interrupted, StateError, TrialToolError, UsageError
 from .ledger import clock, fsio, liveness, records
 from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .ledger.state import TrialState
@@ -199,6 +199,8 @@ class Trial:
         environ: Mapping[str, str] | None = None,
         umask: int | None = None,
         rlimits: Sequence[tuple[int, int, int]] | None = None,
+        input: bytes | str | None = None,  # subprocess.run's name for it
+        merge_output: bool = False,
     ) -> CallResult:
         """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
@@ -210,9 +212,14 @@ class Trial:
         never lengthens it. `interrupt` stops the command when it fires (status
         `interrupted`). `environ`, `umask` and `rlimits` ((resource, soft, hard)
         rows) stand in for this process's own when the call is made on behalf of
-        another process (the per-user server's callers).
+        another process (the per-user server's callers). `input` (a str is sent
+        as UTF-8) is the command's standard input, at most the trial's
+        `max_stdin_bytes`; without it, stdin is /dev/null. `merge_output` gives
+        the command one pipe for stdout and stderr, so the text reads in the
+        order written; it is all delivered as stdout.
         """
         argv = command_argv(command)
+        stdin = checked_input(input)
         with self._guard:
             ready, self._ready = self._ready, None
         # The fork server's supervisors do not share our working directory: a call through
@@ -231,9 +238,11 @@ class Trial:
                 env=command_env,
                 umask=umask,
                 rlimits=None if rlimits is None else [list(row) for row in rlimits],
+                stdin=stdin,
+                merge_output=bool(merge_output),
             )
         try:
-            return self._finish(reservation, argv, outcome, started_wall, interrupt)
+            return self._finish(reservation, argv, outcome, started_wall, interrupt, stdin, bool(merge_output))
         except BaseException:
             # Not committed (a disk error, say): the call stays charged, and the next
             # reservation, in this process or another, records it as abandoned.
@@ -264,6 +273,13 @@ class Trial:
         sandboxed: list[tuple[Plan, str]] = []
 
         def preflight(state: TrialState) -> None:
+            stdin = spawn["stdin"]
+            if stdin is not None and len(stdin) > state.limits.max_stdin_bytes:
+                msg = (
+                    f"the input is {len(stdin)} bytes, over the trial's --max-stdin-bytes "
+                    f"{state.limits.max_stdin_bytes}; nothing ran and nothing is charged"
+                )
+                raise UsageError(msg)
             self._check_rank_file(state)
             sandboxed.clear()
             if state.sandbox.mode == "none":
@@ -308,7 +324,8 @@ class Trial:
                 **spawn,
             )
         except TrialToolError as exc:
-            self._commit_failure(reservation, argv, started_wall, exc)
+            fields = records.input_fields(spawn["stdin"], spawn["merge_output"])
+            self._commit_failure(reservation, argv, started_wall, exc, fields)
             raise
         except BaseException:
             # KeyboardInterrupt in a harness, say: the supervisor has stopped the tree;
@@ -319,7 +336,12 @@ class Trial:
         return outcome, reservation, started_wall
 
     def _commit_failure(
-        self, reservation: Reservation, argv: list[str], started_wall: float, exc: TrialToolError
+        self,
+        reservation: Reservation,
+        argv: list[str],
+        started_wall: float,
+        exc: TrialToolError,
+        fields: dict[str, Any],
     ) -> None:
         """Record a call that trial-tool itself failed to run; it stays charged."""
         record = records.failed(
@@ -331,6 +353,7 @@ class Trial:
             at_utc=clock.utc(time.time()),
             allowance=reservation.allowance,
         )
+        record.update(fields)
         try:
             self.ledger.commit(reservation, record)
         except TrialToolError:
@@ -345,6 +368,8 @@ class Trial:
         outcome: Outcome,
         started_wall: float,
         interrupt: Interrupt | None,
+        stdin: bytes | None,
+        merged: bool,
     ) -> CallResult:
         judged = verdict.judge(
             outcome,
@@ -359,7 +384,14 @@ class Trial:
         # An interrupt of the caller's own making, without `delivers`, is taken to deliver.
         withheld = interrupt is not None and interrupt.signum is not None and not getattr(interrupt, "delivers", True)
         out, err, status, record = deliver(
-            outcome, reservation, argv, judged, self._rank_path, started_wall, withheld=withheld
+            outcome,
+            reservation,
+            argv,
+            judged,
+            self._rank_path,
+            started_wall,
+            withheld=withheld,
+            call_fields=records.input_fields(stdin, merged),
         )
         state = self.ledger.commit(reservation, record)
         return CallResult(

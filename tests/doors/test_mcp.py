@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import re
+import shlex
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -19,11 +21,14 @@ from mcp import Client  # noqa: E402
 from mcp.client.stdio import StdioServerParameters  # noqa: E402
 
 
-def with_client(trial: TrialFiles, body: Callable[[Any], Awaitable[None]], *flags: str) -> None:
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "trialtool", "mcp", "--state", str(trial.state), "--log", str(trial.log), *flags],
-    )
+def with_client(
+    trial: TrialFiles, body: Callable[[Any], Awaitable[None]], *flags: str, stderr: Path | None = None
+) -> None:
+    argv = [sys.executable, "-m", "trialtool", "mcp", "--state", str(trial.state), "--log", str(trial.log), *flags]
+    if stderr is not None:
+        # The server's own stderr, kept in a file to be read afterwards.
+        argv = ["/bin/sh", "-c", f"exec {shlex.join(argv)} 2>{shlex.quote(str(stderr))}"]
+    params = StdioServerParameters(command=argv[0], args=argv[1:])
 
     async def main() -> None:
         async with Client(params) as client:
@@ -42,11 +47,15 @@ def test_tools_run_and_report(trial: TrialFiles) -> None:
         tools = {tool.name: tool for tool in listed.tools}
         assert set(tools) == {"run_shell", "budget"}
         assert tools["run_shell"].input_schema["required"] == ["command"]
+        # Both tools describe their structured result.
+        shell_schema = tools["run_shell"].output_schema
+        assert {"stdout", "stderr", "exit_code", "status", "budget"} <= set(shell_schema["properties"])
+        assert "calls_left" in tools["budget"].output_schema["properties"]
 
         result = await client.call_tool("run_shell", {"command": "echo out; echo err >&2; exit 3"})
         assert not result.is_error
-        out, err, framing = texts(result)
-        assert (out, err) == ("out\n", "err\n")
+        out, label, err, framing = texts(result)
+        assert (out, label, err) == ("out\n", "[stderr]", "err\n")
         assert re.fullmatch(r"\[exit code 3 · error · left: 3 calls, 49996 tokens, 3\d\d\d s\]", framing)
         assert result.structured_content["exit_code"] == 3
         assert result.structured_content["budget"]["calls_left"] == 3
@@ -69,15 +78,21 @@ def test_tools_run_and_report(trial: TrialFiles) -> None:
 def test_spent_budget_is_a_tool_error(trial: TrialFiles) -> None:
     async def body(client: Any) -> None:
         assert not (await client.call_tool("run_shell", {"command": "true"})).is_error
-        refused = await client.call_tool("run_shell", {"command": "echo never"})
-        assert refused.is_error
-        assert "budget is spent" in texts(refused)[0] and "--max-calls" in texts(refused)[0]
+        for _ in range(2):
+            refused = await client.call_tool("run_shell", {"command": "echo never"})
+            assert refused.is_error
+            # The refusal as trial-tool words it: no SDK prefix in front.
+            (text,) = texts(refused)
+            assert text.startswith("[trial-tool: ") and "budget is spent" in text and "--max-calls" in text
         left = await client.call_tool("budget", {})
         assert left.structured_content["exhausted"] is True
 
-    with_client(trial, body, "--max-calls", "1")
+    errors = trial.root / "server-stderr.txt"
+    with_client(trial, body, "--max-calls", "1", stderr=errors)
+    # A refusal is the model's to read, not a server error to log.
+    assert errors.read_text() == ""
     rows = trial.records()
-    assert [row["status"] for row in rows] == ["ok", "maximum_tool_calls"]
+    assert [row["status"] for row in rows] == ["ok", "maximum_tool_calls", "maximum_tool_calls"]
 
 
 def test_calls_run_at_once(trial: TrialFiles) -> None:

@@ -35,7 +35,7 @@ def test_tool_calls_become_tool_messages(trial: TrialFiles) -> None:
     with Trial(trial.state, trial.log, limits={"max_calls": 2}) as api:
         message = handle_tool_call(api, call("echo out; echo err >&2"))
         assert message["role"] == "tool" and message["tool_call_id"] == "call_1"
-        assert message["content"].startswith("out\nerr\n[exit code 0 · ok · left: 1 call, ")
+        assert message["content"].startswith("out\n[stderr]\nerr\n[exit code 0 · ok · left: 1 call, ")
         # The openai package's objects work the same (attributes instead of keys).
         obj = SimpleNamespace(id="call_2", function=SimpleNamespace(name="shell", arguments='{"command": "printf x"}'))
         parts = handle_tool_call(api, obj, parts=True)["content"]

@@ -2,8 +2,10 @@
 
 The delivered stdout and stderr are separate blocks, each exactly the text that
 was counted: joined into one string, BPE could count the seam differently.
-A last block is trial-tool's framing (exit code, status, budget left), in a
-fixed format of a few dozen tokens. The framing is not charged to the token
+Delivered stderr follows a `[stderr]` label block: without it a model reading
+a lone block (a failing command prints only to stderr) takes it for the
+command's output. A last block is trial-tool's framing (exit code, status, budget left), in a
+fixed format of a few dozen tokens. The label and the framing are not charged to the token
 budget: it is the tool's answer about the call, not the command's output, and
 it is the same for every trial, so budgets stay comparable.
 """
@@ -30,9 +32,16 @@ def framing(result: CallResult) -> str:
     return f"[exit code {result.exit_code} · {result.status}{clipped} · {left(result.budget)}]"
 
 
+#: The block ahead of delivered stderr.
+STDERR_LABEL = "[stderr]"
+
+
 def blocks(result: CallResult) -> list[str]:
-    """Non-empty delivered stdout, non-empty delivered stderr, then the framing."""
-    return [text for text in (result.stdout, result.stderr) if text] + [framing(result)]
+    """Non-empty delivered stdout, then non-empty delivered stderr after its label, then the framing."""
+    shown = [result.stdout] if result.stdout else []
+    if result.stderr:
+        shown += [STDERR_LABEL, result.stderr]
+    return [*shown, framing(result)]
 
 
 def refusal(error: TrialToolError) -> str:
@@ -42,4 +51,4 @@ def refusal(error: TrialToolError) -> str:
     return f"[trial-tool: the call did not run: {error.message}]"
 
 
-__all__ = ["blocks", "framing", "left", "refusal"]
+__all__ = ["STDERR_LABEL", "blocks", "framing", "left", "refusal"]

@@ -74,6 +74,42 @@ def _trial(args: Arguments) -> Trial:
     )
 
 
+def read_stdin(args: Arguments) -> bytes | None:
+    """What `--stdin` names (a file, or - for this process's own stdin), read whole; None without it.
+
+    Read here, by the caller, in both modes: the per-user server cannot open
+    this process's stdin. The read stops one byte past the bound (the flag's
+    value, else the largest any trial allows), so a huge file is never read
+    whole only to be refused; the trial checks its own pinned bound.
+    """
+    if args.stdin is None:
+        return None
+    from ..limits import BOUNDS
+
+    bound = int(BOUNDS["max_stdin_bytes"].high)
+    if isinstance(args.max_stdin_bytes, int | float) and 0 <= args.max_stdin_bytes < bound:
+        bound = int(args.max_stdin_bytes)
+    data = bytearray()
+    try:
+        fd = 0 if args.stdin == "-" else os.open(args.stdin, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            while len(data) <= bound:
+                chunk = os.read(fd, min(1 << 20, bound + 1 - len(data)))
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            if fd != 0:
+                os.close(fd)
+    except OSError as exc:
+        msg = f"cannot read --stdin {plain(args.stdin)}: {exc.strerror}"
+        raise UsageError(msg) from exc
+    if len(data) > bound:
+        msg = f"--stdin {plain(args.stdin)} holds more than {bound} bytes (--max-stdin-bytes); nothing ran"
+        raise UsageError(msg)
+    return bytes(data)
+
+
 def _call(args: Arguments, tool_argv: list[str]) -> int:
     """One tool call: fork the supervisor, reserve, run, deliver; the call's exit code."""
     if not tool_argv:
@@ -82,10 +118,11 @@ def _call(args: Arguments, tool_argv: list[str]) -> int:
     if args.cwd is not None and not os.path.isdir(args.cwd):
         msg = f"--cwd {plain(args.cwd)} is not a directory"
         raise UsageError(msg)
+    stdin = read_stdin(args)
     from . import userclient
 
     if userclient.wanted() and not args.in_process:
-        code = userclient.call(args, tool_argv)
+        code = userclient.call(args, tool_argv, stdin)
         if code is not None:
             return code
         # This process has just started the server: this one call runs here.
@@ -105,25 +142,28 @@ def _call(args: Arguments, tool_argv: list[str]) -> int:
         from ..process.interrupts import InterruptWatch
         from ..trial import use_launcher
 
-        trial = _trial(args)
-        use_launcher(trial, launcher)
-        env = dict(environment.parse_assignment(item) for item in args.env)
-        with InterruptWatch() as interrupt:
-            result = trial.run(
-                tool_argv,
-                cwd=args.cwd,
-                env=env,
-                unset_env=tuple(args.unset_env),
-                clean_env=args.clean_env,
-                interrupt=interrupt,
-            )
+        try:
+            trial = _trial(args)
+            use_launcher(trial, launcher)
+            env = dict(environment.parse_assignment(item) for item in args.env)
+            with InterruptWatch() as interrupt:
+                result = trial.run(
+                    tool_argv,
+                    cwd=args.cwd,
+                    env=env,
+                    unset_env=tuple(args.unset_env),
+                    clean_env=args.clean_env,
+                    interrupt=interrupt,
+                    timeout=args.timeout,
+                    input=stdin,
+                    merge_output=args.merge_output,
+                )
+        except TrialToolError as exc:
+            if args.json:
+                userclient.write_answer({"error_json": exc.as_json()}, as_json=True)
+            raise
     _keep_until_exit(trial)
-    # Written as UTF-8 bytes: exactly the text that was counted, whatever the locale.
-    sys.stdout.buffer.write(result.stdout.encode("utf-8"))
-    sys.stdout.flush()
-    sys.stderr.buffer.write(result.stderr.encode("utf-8"))
-    sys.stderr.flush()
-    return result.exit_code
+    return userclient.write_answer({"exit": result.exit_code, "result": result.as_json()}, as_json=args.json)
 
 
 def _serve(args: Arguments) -> int:
@@ -197,7 +237,8 @@ def describe(state: TrialState) -> dict[str, Any]:
 
 
 def _run(argv: list[str]) -> int:
-    if argv[:1] == ["--version"]:
+    command, flags, tool_argv = split(argv)
+    if "--version" in flags:  # any command's flags, before `--`
         from .._version import __version__
 
         print(f"trial-tool {__version__}")
@@ -205,7 +246,6 @@ def _run(argv: list[str]) -> int:
     if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
         msg = f"unknown command {argv[0]!r}: {', '.join(SUBCOMMANDS[1:])}, or flags then `-- CMD ARGS...` to run one"
         raise UsageError(msg)
-    command, flags, tool_argv = split(argv)
     if command == "run" and "--" not in argv and not any(f in ("-h", "--help") for f in flags):
         msg = "missing `--` before the command: trial-tool --state S --log L -- CMD ARGS..."
         raise UsageError(msg)

@@ -6,9 +6,11 @@ differs), an optional extra: `pip install 'trialtool[mcp]'`. Two tools:
 - `run_shell(command, cwd=None)`: one budgeted call of `/bin/sh -c command`.
   Its content is what agentview.py describes (the delivered stdout, the
   delivered stderr, then a framing line with the exit code, status and budget
-  left); its structured content is the whole result as JSON. A call refused
-  because a budget is spent, or that trial-tool could not run, is a tool error
-  (`is_error`), which the client shows the model.
+  left); its structured content is the whole result as JSON, described by the
+  tool's output schema. A call refused because a budget is spent, or that
+  trial-tool could not run, is a tool error (`is_error`) whose text is
+  agentview's refusal line as it stands: returned, not raised, so the SDK
+  neither prefixes it ("Error executing tool ...") nor logs it.
 - `budget()`: calls, tokens and seconds used and left.
 
 The SDK's stdio transport points descriptor 0 at /dev/null and 1 at stderr
@@ -19,8 +21,11 @@ cancellation of a `run_shell` request stops the command; the call is recorded.
 
 # No `from __future__ import annotations` here: the SDK reads the tools' annotations
 # to build their schemas, and they name classes imported inside `build`.
-from typing import Any
+import json
+from typing import Annotated, Any, get_type_hints
 
+from ..budget import Budget
+from ..callresult import CallResult
 from ..errors import TrialToolError, UsageError
 from ..trial import Trial
 from . import agentview
@@ -37,11 +42,21 @@ def build(trial: Trial, *, max_concurrent: int = 4) -> Any:
     try:
         import anyio
         from mcp.server import MCPServer
-        from mcp.server.mcpserver.exceptions import ToolError
         from mcp.types import CallToolResult, TextContent, ToolAnnotations
+        from typing_extensions import TypedDict  # pydantic's requirement before Python 3.12
     except ImportError as exc:
         msg = f"`trial-tool mcp` needs the MCP SDK: pip install 'trialtool[mcp]' ({exc})"
         raise UsageError(msg) from exc
+
+    # The structured results' schemas, read off the NamedTuples they are the JSON of.
+    budget_fields: dict[str, Any] = {**get_type_hints(Budget), "exhausted": bool}
+    BudgetLeft = TypedDict("BudgetLeft", budget_fields)  # type: ignore[misc]
+    shell_fields: dict[str, Any] = {**get_type_hints(CallResult), "budget": BudgetLeft}
+    del shell_fields["record"]  # the audit record is the grader's, not the agent's
+    ShellResult = TypedDict("ShellResult", shell_fields)  # type: ignore[misc]
+
+    def refused(exc: TrialToolError) -> CallToolResult:
+        return CallToolResult(content=[TextContent(type="text", text=agentview.refusal(exc))], is_error=True)
 
     from .._version import __version__
 
@@ -51,7 +66,7 @@ def build(trial: Trial, *, max_concurrent: int = 4) -> Any:
     @server.tool(
         annotations=ToolAnnotations(title="Run a shell command", destructive_hint=True, open_world_hint=True),
     )
-    async def run_shell(command: str, cwd: str | None = None) -> CallToolResult:
+    async def run_shell(command: str, cwd: str | None = None) -> Annotated[CallToolResult, ShellResult]:
         """Run a shell command (/bin/sh -c) and return its output, exit code and the budget left.
 
         stdin is empty; output over the call's token allowance is cut.
@@ -60,20 +75,20 @@ def build(trial: Trial, *, max_concurrent: int = 4) -> Any:
             try:
                 result = await trial.arun(command, cwd=cwd)
             except TrialToolError as exc:
-                raise ToolError(agentview.refusal(exc)) from exc
+                return refused(exc)
         return CallToolResult(
             content=[TextContent(type="text", text=text) for text in agentview.blocks(result)],
             structured_content=result.as_json(),
         )
 
     @server.tool(annotations=ToolAnnotations(title="Budget left", read_only_hint=True))
-    async def budget() -> dict[str, Any]:
+    async def budget() -> Annotated[CallToolResult, BudgetLeft]:
         """Calls, output tokens and seconds this trial has used and has left."""
         try:
-            left = await trial.abudget()
+            left = (await trial.abudget()).as_json()
         except TrialToolError as exc:
-            raise ToolError(agentview.refusal(exc)) from exc
-        return left.as_json()
+            return refused(exc)
+        return CallToolResult(content=[TextContent(type="text", text=json.dumps(left))], structured_content=left)
 
     return server
 

@@ -72,6 +72,14 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
     ("--max-file-size", "max_file_size", "number", _CALLING, _LIMIT, "bytes of any file written; 0: none"),
     ("--max-open-files", "max_open_files", "number", _CALLING, _LIMIT, "open files per process; 0: inherit"),
     ("--max-procs", "max_procs", "number", _CALLING, _LIMIT, "processes in the command's tree at once; 0: none"),
+    (
+        "--max-stdin-bytes",
+        "max_stdin_bytes",
+        "number",
+        _CALLING,
+        _LIMIT,
+        "bytes a call may pass to its command's stdin",
+    ),
     ("--sandbox", "sandbox", "text", _CALLING, _LIMIT, "run commands in a sandbox: none, bwrap, or auto (default)"),
     ("--network", "network", "text", _CALLING, _LIMIT, "the sandbox's network: none (default) or host"),
     ("--workspace", "workspace", "text", _CALLING, _LIMIT, "the directory sandboxed commands may write (default .)"),
@@ -82,6 +90,17 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
     ("--env", "env", "list", ("run",), _CALL, "set a variable: KEY=VALUE (repeatable)"),
     ("--unset-env", "unset_env", "list", ("run",), _CALL, "remove a variable (repeatable)"),
     ("--clean-env", "clean_env", "switch", ("run",), _CALL, "start from PATH, HOME, LANG, TERM and a few more"),
+    ("--stdin", "stdin", "text", ("run",), _CALL, "the command's standard input: a file, or - for this one's"),
+    (
+        "--merge-output",
+        "merge_output",
+        "switch",
+        ("run",),
+        _CALL,
+        "one stream: stderr into stdout, in the order written",
+    ),
+    ("--timeout", "timeout", "number", ("run",), _CALL, "seconds for this call, below the pinned --call-timeout"),
+    ("--json", "json", "switch", ("run",), None, "print the call's result as one JSON object (serve's shape)"),
     ("--o200k-file", "o200k_file", "text", (*_ENCODING, "show"), None, "the o200k_base.tiktoken rank file to use"),
     ("--in-process", "in_process", "switch", ("run",), None, "run the call in this process, not the per-user server"),
 )
@@ -205,6 +224,7 @@ def parse(command: str, flags: list[str]) -> Arguments:
         parser.add_argument("directory", help="where to write the sh and bash shims")
     if command == "server":
         parser.add_argument("action", choices=("status", "stop"), help="show the per-user server, or stop it")
+    parser.add_argument("--version", action="store_true", help="print trial-tool's version and exit")
     if command in _MANY:
         parser.add_argument("paths", nargs="+", metavar="PATH", help="a trial's state, a directory, or a glob")
     groups: dict[str | None, Any] = {None: parser}

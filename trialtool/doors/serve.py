@@ -13,7 +13,7 @@ server is slowed down rather than buffered without bound. The protocol stream
 is a private duplicate of the original stdout; descriptor 1 itself is pointed
 at stderr, so nothing else in this process (a stray print, a library's
 warning) can write into the protocol. Commands never could: their output goes
-to pipes and their stdin is /dev/null.
+to pipes and their stdin is /dev/null or a pipe of their own (`input`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..errors import TrialToolError
+from ..errors import ERROR_CODE, TrialToolError
 from ..osio import write_all
 from ..process.interrupts import Cancellation
 from ..trial import Trial
@@ -39,11 +39,11 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 #: A TrialToolError: `data.kind` names it, `data.exit_code` is what the CLI would exit with.
-TRIAL_TOOL_ERROR = -32000
+TRIAL_TOOL_ERROR = ERROR_CODE
 
 DEFAULT_MAX_CONCURRENT = 4
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
-_RUN_PARAMS = frozenset({"command", "cwd", "env", "timeout"})
+_RUN_PARAMS = frozenset({"command", "cwd", "env", "timeout", "input", "input_b64", "merge_output"})
 
 
 class _BadRequest(Exception):
@@ -58,11 +58,7 @@ def error_object(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, _BadRequest):
         return {"code": exc.code, "message": exc.message}
     if isinstance(exc, TrialToolError):
-        data: dict[str, Any] = {"kind": type(exc).__name__, "exit_code": exc.exit_code}
-        status = getattr(exc, "status", None)
-        if status is not None:
-            data["status"] = status
-        return {"code": TRIAL_TOOL_ERROR, "message": exc.message, "data": data}
+        return exc.as_json()
     return {"code": INTERNAL_ERROR, "message": f"{type(exc).__name__}: {exc}"}
 
 
@@ -83,7 +79,36 @@ def run_arguments(params: dict[str, Any]) -> dict[str, Any]:
     timeout = params.get("timeout")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
         raise _BadRequest(INVALID_PARAMS, "params.timeout must be a number of seconds")
-    return {"command": command, "cwd": cwd, "env": env, "timeout": timeout}
+    merge_output = params.get("merge_output", False)
+    if not isinstance(merge_output, bool):
+        raise _BadRequest(INVALID_PARAMS, "params.merge_output must be true or false")
+    return {
+        "command": command,
+        "cwd": cwd,
+        "env": env,
+        "timeout": timeout,
+        "input": _input(params),
+        "merge_output": merge_output,
+    }
+
+
+def _input(params: dict[str, Any]) -> bytes | str | None:
+    """The command's stdin: `input` (text, sent as UTF-8) or `input_b64` (any bytes), not both."""
+    text, encoded = params.get("input"), params.get("input_b64")
+    if text is not None and encoded is not None:
+        raise _BadRequest(INVALID_PARAMS, "give params.input or params.input_b64, not both")
+    if text is not None and not isinstance(text, str):
+        raise _BadRequest(INVALID_PARAMS, "params.input must be a string (params.input_b64 for bytes)")
+    if encoded is None:
+        return text
+    import binascii
+
+    try:
+        if not isinstance(encoded, str):
+            raise ValueError(encoded)
+        return binascii.a2b_base64(encoded.encode("ascii"), strict_mode=True)
+    except (ValueError, binascii.Error):
+        raise _BadRequest(INVALID_PARAMS, "params.input_b64 must be base64") from None
 
 
 class Server:

@@ -19,8 +19,8 @@ each end talks only to its own user.
 Protocol, frames of a 4-byte length and a marshalled dict: the request; the
 server's `{"accepted": True}` once it has taken the call (before that, a
 vanished server is simply started again); `{"signal": N}` from us when SIGINT,
-SIGTERM or SIGHUP arrives; the answer, `{"exit": N, "stdout": ..., "stderr":
-...}` or `{"exit": N, "error": ...}`.
+SIGTERM or SIGHUP arrives; the answer, `{"exit": N, "result": {...}}` (the
+call's result as `serve` gives it) or `{"exit": N, "error": ..., "error_json": {...}}`.
 """
 
 from __future__ import annotations
@@ -254,8 +254,8 @@ def _wait_gone(pid: int, timeout: float = 60.0) -> None:
         os.close(watch)
 
 
-def request(args: Arguments, command: list[str]) -> dict[str, Any]:
-    """The call as the server takes it: flags with paths made absolute, and this process's own settings."""
+def request(args: Arguments, command: list[str], stdin: bytes | None = None) -> dict[str, Any]:
+    """The call as the server takes it: flags with paths made absolute, this process's own settings, the input."""
     import resource
 
     values = {name: value for name, value in vars(args).items() if name != "command"}
@@ -263,6 +263,7 @@ def request(args: Arguments, command: list[str]) -> dict[str, Any]:
         if values.get(name) is not None:
             values[name] = os.path.abspath(values[name])
     values["writable"] = [os.path.abspath(path) for path in values.get("writable") or ()]
+    values["stdin"] = None  # read by the caller: its bytes travel in the request
     umask = os.umask(0)
     os.umask(umask)
     limits = []
@@ -277,6 +278,7 @@ def request(args: Arguments, command: list[str]) -> dict[str, Any]:
         "env": dict(os.environ),
         "umask": umask,
         "rlimits": limits,
+        "stdin": stdin,
     }
 
 
@@ -309,14 +311,14 @@ def _next(frames: Frames, wake_r: int) -> dict[str, Any] | None:
             return frames.pop()
 
 
-def call(args: Arguments, command: list[str]) -> int | None:
+def call(args: Arguments, command: list[str], stdin: bytes | None = None) -> int | None:
     """Run the call through the server; write what it delivered; its exit code.
 
     None when this process has just started the server: the call is then the
     caller's to run in its own process.
     """
     path = socket_path()
-    payload = frame(request(args, command))
+    payload = frame(request(args, command, stdin))
     wake_r = -1
     for attempt in range(2):
         sock = connect(path)
@@ -343,7 +345,7 @@ def call(args: Arguments, command: list[str]) -> int | None:
                     continue
                 raise TrialToolError("the trial-tool server closed the connection before taking the call")
             if "exit" in accepted:
-                return _deliver(accepted)
+                return write_answer(accepted, as_json=args.json)
             result = _next(frames, wake_r)
             if result is None:
                 msg = (
@@ -351,23 +353,39 @@ def call(args: Arguments, command: list[str]) -> int | None:
                     "records it as abandoned"
                 )
                 raise TrialToolError(msg)
-            return _deliver(result)
+            return write_answer(result, as_json=args.json)
         finally:
             sock.close()
     raise TrialToolError("the trial-tool server could not be reached")
 
 
-def _deliver(result: dict[str, Any]) -> int:
-    """Write the call's answer as an in-process call would; its exit code."""
-    if "error" in result:
-        sys.stderr.write(f"trial-tool: {result['error']}\n")
+def write_answer(answer: dict[str, Any], *, as_json: bool) -> int:
+    """Write a call's answer as the CLI delivers it; its exit code.
+
+    `answer` holds `exit` and either `result` (CallResult.as_json) or `error`
+    (one line) with `error_json` (its JSON-RPC error object). Streams are
+    written as UTF-8 bytes: exactly the text that was counted, whatever the
+    locale. With `as_json`, stdout gets one JSON object, the result or
+    `{"error": ...}`; an error's line still goes to stderr.
+    """
+    if as_json:
+        import json
+
+        shown = answer["result"] if "result" in answer else {"error": answer["error_json"]}
+        sys.stdout.buffer.write(json.dumps(shown, ensure_ascii=False).encode("utf-8") + b"\n")
+        sys.stdout.flush()
+    if "error" in answer:
+        sys.stderr.write(f"trial-tool: {answer['error']}\n")
         sys.stderr.flush()
-        return int(result["exit"])
-    sys.stdout.buffer.write(result["stdout"].encode("utf-8"))
-    sys.stdout.flush()
-    sys.stderr.buffer.write(result["stderr"].encode("utf-8"))
-    sys.stderr.flush()
-    return int(result["exit"])
+        return int(answer["exit"])
+    if "result" not in answer:
+        return 0
+    if not as_json:
+        sys.stdout.buffer.write(answer["result"]["stdout"].encode("utf-8"))
+        sys.stdout.flush()
+        sys.stderr.buffer.write(answer["result"]["stderr"].encode("utf-8"))
+        sys.stderr.flush()
+    return int(answer["exit"])
 
 
 __all__ = [
@@ -381,4 +399,5 @@ __all__ = [
     "request",
     "socket_path",
     "wanted",
+    "write_answer",
 ]

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import EXIT_INTERNAL, TrialToolError, UsageError
+from ..errors import TrialToolError, UsageError
 from ..osio import make_undumpable
 from . import cli
 from .options import Arguments, overrides
@@ -216,12 +216,14 @@ class Server:
                 environ=request["env"],
                 umask=request["umask"],
                 rlimits=[tuple(row) for row in request["rlimits"]],
+                timeout=args.timeout,
+                input=request.get("stdin"),
+                merge_output=args.merge_output,
             )
-        except TrialToolError as exc:
-            return {"exit": exc.exit_code, "error": exc.message}
-        except Exception as exc:  # reported to the caller as trial-tool's own failure
-            return {"exit": EXIT_INTERNAL, "error": f"the server failed: {type(exc).__name__}: {exc}"}
-        return {"exit": result.exit_code, "stdout": result.stdout, "stderr": result.stderr}
+        except Exception as exc:  # reported to the caller; not a TrialToolError: the server's own failure
+            error = exc if isinstance(exc, TrialToolError) else TrialToolError(f"the server failed: {exc!r}")
+            return {"exit": error.exit_code, "error": error.message, "error_json": error.as_json()}
+        return {"exit": result.exit_code, "result": result.as_json()}
 
     def _trial(self, args: Arguments, request: dict[str, Any]) -> Any:
         """The Trial for these flags, kept for the next call with the same ones (its log stays trusted)."""

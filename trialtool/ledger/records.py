@@ -191,6 +191,15 @@ def failed(
     )
 
 
+def input_fields(stdin: bytes | None, merged: bool) -> dict[str, Any]:
+    """What a call that ran was given besides its command: its stdin (size and digest, not bytes), merged streams."""
+    return {
+        "stdin_bytes": None if stdin is None else len(stdin),
+        "stdin_sha256": None if stdin is None else hashlib.sha256(stdin).hexdigest(),
+        "merged_output": merged,
+    }
+
+
 def repair(trial_id: str, torn: bytes, at_utc: str) -> dict[str, Any]:
     """The record saying that a torn last line of `torn` bytes was cut off."""
     return {
@@ -224,6 +233,7 @@ __all__ = [
     "apply",
     "call",
     "command_fields",
+    "input_fields",
     "refusal",
     "repair",
     "whole",

@@ -120,6 +120,8 @@ class Launcher:
         sandboxed: bool = False,
         umask: int | None = None,
         rlimits: list[list[int]] | None = None,
+        stdin: bytes | None = None,
+        merge_output: bool = False,
     ) -> Outcome:
         """Run `argv` until it exits, reaches `deadline` (monotonic), passes a limit, or is interrupted.
 
@@ -127,8 +129,10 @@ class Launcher:
         outcome's `elapsed` counts from it, so that it compares with the deadline.
         `sandboxed` says that `argv` is a bwrap command line (bwrap.py). `umask` and
         `rlimits` ([resource, soft, hard] rows) are the caller's, for a supervisor that
-        is not its child (the per-user server's).
+        is not its child (the per-user server's). `stdin` is fed to the command through
+        a pipe (else it reads /dev/null); `merge_output` gives it one pipe for both streams.
         """
+        import base64
         import json
 
         from .outcome import outcome
@@ -148,6 +152,8 @@ class Launcher:
             "sandboxed": sandboxed,
             "umask": umask,
             "rlimits": rlimits,
+            "stdin": None if stdin is None else base64.b64encode(stdin).decode("ascii"),
+            "merge_output": merge_output,
         }
         write_all(self._control_w, json.dumps(orders).encode() + b"\n")
         result = self._wait(interrupt_fd)

@@ -52,6 +52,10 @@ class Spec(NamedTuple):
     #: not the process the supervisor was forked from (the per-user server's callers).
     umask: int | None = None
     caller_rlimits: list[tuple[int, int, int]] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
+    #: The command's standard input, fed through a pipe (None: /dev/null).
+    stdin: bytes | None = None
+    #: One pipe for stdout and stderr, read in the order written (the stderr spool stays empty).
+    merge: bool = False
 
 
 class Signals:
@@ -145,7 +149,8 @@ def supervise(
     # bwrap's monitor and its pid namespace's init are ours, not the command's.
     extra_procs = bwrap.OWN_PROCESSES if spec.sandboxed and limits.max_procs else 0
     group.configure(limits.max_procs + extra_procs, limits.max_memory)
-    status_r = status_w = -1
+    status_r = status_w = feed_w = -1
+    feed_r: int | None = None
     _take_callers(spec)
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -161,6 +166,8 @@ def supervise(
         }
         if spec.sandboxed:
             status_r, status_w = os.pipe()
+        if spec.stdin is not None:
+            feed_r, feed_w = os.pipe()
         try:
             # Nothing to do between fork and exec (the usual case): the faster posix_spawn.
             plain = not rlimits and not group.child_must_join()
@@ -170,6 +177,8 @@ def supervise(
                 env=spec.env,
                 before_exec=None if plain else before_exec,
                 fd3=None if status_w < 0 else status_w,
+                stdin=feed_r,
+                merge=spec.merge,
             )
         except OSError as exc:
             if exc.errno == errno.ENOENT:
@@ -180,7 +189,10 @@ def supervise(
         finally:
             if status_w >= 0:
                 os.close(status_w)
-        watch = _Watch(spec, child, spools, control_fd, signals, group, spec.started, extra_procs)
+            if feed_r is not None:
+                os.close(feed_r)
+        watch = _Watch(spec, child, spools, control_fd, signals, group, spec.started, extra_procs, feed_w)
+        feed_w = -1  # the watch closes it
         report = watch.run(subreaper)
         if status_r >= 0:
             report = _unwrapped(report, status_r, spools[1])
@@ -188,6 +200,8 @@ def supervise(
     finally:
         if status_r >= 0:
             os.close(status_r)
+        if feed_w >= 0:
+            os.close(feed_w)
         group.remove()
 
 
@@ -226,10 +240,13 @@ class _Watch:
         group: CallGroup,
         started: float,
         extra_procs: int = 0,
+        feed_fd: int = -1,
     ) -> None:
         self.spec, self.child, self.spools, self.group = spec, child, spools, group
         self.control_fd, self.signals, self.started = control_fd, signals, started
-        self.pipes = {child.stdout: spools[0], child.stderr: spools[1]}
+        self.pipes = {child.stdout: spools[0]}
+        if child.stderr >= 0:
+            self.pipes[child.stderr] = spools[1]
         self.watch_fd = os.pidfd_open(child.pid) if hasattr(os, "pidfd_open") else -1
         self.selector = selectors.DefaultSelector()
         for fd in self.pipes:
@@ -238,6 +255,15 @@ class _Watch:
         for fd in (self.watch_fd, control_fd, signals.read_fd):
             if fd >= 0:
                 self.selector.register(fd, selectors.EVENT_READ)
+        #: The command's stdin, written as it reads, never blocking the watch.
+        self.feed_fd = feed_fd
+        self.feed = memoryview(spec.stdin or b"")
+        if feed_fd >= 0:
+            os.set_blocking(feed_fd, False)
+            if self.feed:
+                self.selector.register(feed_fd, selectors.EVENT_WRITE)
+            else:
+                self._end_feed()
         #: The fallback process cap (no pids cgroup), counted every _SWEEP_INTERVAL.
         self.sweep_cap = spec.limits.max_procs + extra_procs if group.pids is None else 0
         self.next_sweep = started + _SWEEP_INTERVAL
@@ -263,6 +289,26 @@ class _Watch:
             self.stop_signal = signal.SIGTERM
             self.kill_at = time.monotonic() + grace
 
+    def _end_feed(self) -> None:
+        if self.feed_fd >= 0:
+            if self.feed_fd in self.selector.get_map():
+                self.selector.unregister(self.feed_fd)
+            os.close(self.feed_fd)
+            self.feed_fd = -1
+
+    def _write_feed(self) -> None:
+        """Write what the pipe takes now; done, or the command closed its end: EOF for it."""
+        try:
+            written = os.write(self.feed_fd, self.feed[: 1 << 16])
+        except BlockingIOError:
+            return
+        except OSError:
+            self._end_feed()  # EPIPE: the command will not read the rest
+            return
+        self.feed = self.feed[written:]
+        if not self.feed:
+            self._end_feed()
+
     def kill(self) -> None:
         self.group.kill()
         reaper.signal_tree(self.child.pid, signal.SIGKILL)
@@ -278,11 +324,13 @@ class _Watch:
                 if fd in self.selector.get_map():
                     spool.drain(fd, self.selector)
         finally:
+            self._end_feed()
             self.selector.close()
             if self.watch_fd >= 0:
                 os.close(self.watch_fd)
             os.close(self.child.stdout)
-            os.close(self.child.stderr)
+            if self.child.stderr >= 0:
+                os.close(self.child.stderr)
         return self._report(returncode, killed, survivors)
 
     def _step(self) -> None:
@@ -318,6 +366,8 @@ class _Watch:
             fd = int(key.fd)
             if fd == self.watch_fd:
                 self.exited_at = time.monotonic()
+            elif fd == self.feed_fd:
+                self._write_feed()
             elif fd == self.control_fd:
                 if not os.read(fd, 64):
                     self.selector.unregister(fd)  # trial-tool closed it: it is going away

@@ -1,4 +1,4 @@
-"""Start a command in a new session, stdin from /dev/null, its two output streams on pipes.
+"""Start a command in a new session, stdin from /dev/null (or a pipe), its output streams on pipes.
 
 The supervisor's own small `subprocess.Popen`. We do not use subprocess itself
 because it is a slow import on the path of every call (docs/performance.md), and the
@@ -112,20 +112,25 @@ def spawn(
     env: dict[str, str] | None,
     before_exec: Callable[[], None] | None,
     fd3: int | None = None,
+    stdin: int | None = None,
+    merge: bool = False,
 ) -> Child:
     """Start `argv`; OSError (with the exec's errno) if it cannot be executed.
 
     Without `before_exec` this uses posix_spawn and changes the calling process's
     working directory to `cwd`: call it only from a process that runs one command.
     `fd3`, if given, is the command's descriptor 3 (bwrap's status channel).
+    `stdin`, if given, is the command's standard input (else /dev/null); `merge`
+    gives stderr the stdout pipe, so that both arrive in the order written (the
+    child's `stderr` is then -1).
     """
     close_on_exec_all()
     if before_exec is None and hasattr(os, "posix_spawn"):
-        return _posix_spawn(argv, cwd, env, fd3)
+        return _posix_spawn(argv, cwd, env, fd3, stdin, merge)
     out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+    err_r, err_w = os.pipe() if not merge else (-1, out_w)
     report_r, report_w = os.pipe()  # close-on-exec: EOF means the exec happened
-    devnull = os.open(os.devnull, os.O_RDONLY)
+    devnull = os.open(os.devnull, os.O_RDONLY) if stdin is None else os.dup(stdin)
     pid = os.fork()
     if pid == 0:
         try:
@@ -155,25 +160,31 @@ def spawn(
             os.write(report_w, str(number).encode())
         finally:
             os._exit(127)
-    for fd in (out_w, err_w, report_w, devnull):
+    for fd in {out_w, err_w, report_w, devnull}:
         os.close(fd)
     with os.fdopen(report_r, "rb") as report:
         failure = report.read()
     if failure:
         os.waitpid(pid, 0)
-        os.close(out_r)
-        os.close(err_r)
+        for fd in (out_r, err_r):
+            if fd >= 0:
+                os.close(fd)
         number = int(failure) or 0
         raise OSError(number, os.strerror(number) if number else "the command could not be started")
     return Child(pid, out_r, err_r)
 
 
-def _posix_spawn(argv: list[str], cwd: str | None, env: dict[str, str] | None, fd3: int | None) -> Child:
+def _posix_spawn(
+    argv: list[str], cwd: str | None, env: dict[str, str] | None, fd3: int | None, stdin: int | None, merge: bool
+) -> Child:
     if cwd is not None:
         os.chdir(cwd)
     program = _resolve(argv[0], env)
     out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+    err_r, err_w = os.pipe() if not merge else (-1, out_w)
+    stdin_action = (
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0) if stdin is None else (os.POSIX_SPAWN_DUP2, stdin, 0)
+    )
     extra = [] if fd3 is None else [(os.POSIX_SPAWN_DUP2, fd3, 3)]
     try:
         # The pipes' write ends and everything else of ours are close-on-exec; the
@@ -183,7 +194,7 @@ def _posix_spawn(argv: list[str], cwd: str | None, env: dict[str, str] | None, f
             argv,
             os.environ if env is None else env,
             file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                stdin_action,
                 (os.POSIX_SPAWN_DUP2, out_w, 1),
                 (os.POSIX_SPAWN_DUP2, err_w, 2),
                 *extra,
@@ -194,11 +205,12 @@ def _posix_spawn(argv: list[str], cwd: str | None, env: dict[str, str] | None, f
         )
     except BaseException:
         for fd in (out_r, err_r):
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         raise
     finally:
-        os.close(out_w)
-        os.close(err_w)
+        for fd in {out_w, err_w}:
+            os.close(fd)
     return Child(pid, out_r, err_r)
 
 

@@ -15,6 +15,7 @@ one JSON result line to trial-tool before exiting, whatever happened.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import selectors
@@ -141,6 +142,8 @@ def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, rea
             bool(orders.get("sandboxed")),
             orders.get("umask"),
             [tuple(row) for row in orders.get("rlimits") or ()],
+            None if orders.get("stdin") is None else base64.b64decode(orders["stdin"]),
+            bool(orders.get("merge_output")),
         )
         cap = spec.limits.max_capture_bytes
         spools = (Spool(spool_fds[0], cap), Spool(spool_fds[1], cap))

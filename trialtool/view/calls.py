@@ -46,6 +46,8 @@ SCHEMA = (
     ("cpu_user_seconds", "float"),
     ("cpu_system_seconds", "float"),
     ("sandbox", "text"),
+    ("stdin_bytes", "int"),
+    ("merged_output", "bool"),
     ("command", "text"),
     ("charged_calls_after", "int"),
     ("emitted_tokens_after", "int"),

@@ -19,6 +19,7 @@ from ..ledger import audit, liveness, snapshot
 from ..ledger.records import REFUSED, REPAIR, whole
 from ..ledger.state import TrialState, decode
 from ..ledger.verify import Report, check
+from ..limits import LATER_FIELDS, Limits
 from .calls import mapping, typed
 
 #: Which budget a refusal status speaks of.
@@ -134,6 +135,9 @@ def summarize_snapshot(
         first_at = first_at or started
         last_at = record.get("ended_at_utc") or record.get("at_utc") or last_at
     limits = mapping(raw.get("limits"))
+    if limits:
+        # A state written before a limit existed has its default: the same trial, for the fairness check.
+        limits = {**{name: getattr(Limits(), name) for name in LATER_FIELDS}, **limits}
     sandbox = mapping(raw.get("sandbox"))
     calls = whole(raw.get("calls"))
     tokens = whole(raw.get("emitted_tokens"))
