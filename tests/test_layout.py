@@ -62,13 +62,13 @@ EDGES = _edges()
 
 def _room(name: str) -> str:
     parts = name.split(".")
-    rooms = ("ledger", "process", "doors", "view")
+    rooms = ("ledger", "process", "doors", "view", "integrations")
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in rooms) else "top"
 
 
-def test_there_are_four_rooms_and_a_small_top() -> None:
+def test_there_are_five_rooms_and_a_small_top() -> None:
     rooms = {_room(name) for name in MODULES}
-    assert rooms == {"top", "ledger", "process", "doors", "view"}
+    assert rooms == {"top", "ledger", "process", "doors", "view", "integrations"}
     assert sum(_room(name) == "top" for name in MODULES) <= 16
 
 
@@ -111,6 +111,13 @@ def test_the_graders_view_only_reads() -> None:
         if _room(name) == "view":
             wrong = {t for t in targets if t in WRITING or _room(t) in ("process", "doors") or t == "trialtool.trial"}
             assert not wrong, f"{name} imports {sorted(wrong)}"
+
+
+def test_nothing_imports_an_integration() -> None:
+    """The integrations are reached by their frameworks only (entry point, import path): never by trialtool."""
+    for name, targets in EDGES.items():
+        if _room(name) != "integrations":
+            assert not {t for t in targets if _room(t) == "integrations"}, name
 
 
 def test_the_top_imports_no_door() -> None:

@@ -1,0 +1,96 @@
+"""mini-swe-agent's own DefaultAgent and DeterministicModel, driving a trial through TrialEnvironment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (pip install 'trialtool[test]')")
+from minisweagent.agents.default import DefaultAgent  # noqa: E402
+from minisweagent.environments import get_environment  # noqa: E402
+from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
+
+from tests.conftest import strict_records  # noqa: E402
+from trialtool.ledger.verify import verify  # noqa: E402
+
+AGENT = {"system_template": "You run commands.", "instance_template": "{{task}}", "step_limit": 10, "cost_limit": 0}
+
+
+def agent_over(tmp_path: Path, commands: list[str], **environment: Any) -> DefaultAgent:
+    """An agent whose model emits one command a step, in an environment named as mini's config names it."""
+    env = get_environment(
+        {
+            "environment_class": "trialtool.integrations.minisweagent.TrialEnvironment",
+            "state": str(tmp_path / "state.json"),
+            "log": str(tmp_path / "log.jsonl"),
+            "cwd": str(tmp_path),
+            **environment,
+        }
+    )
+    model = DeterministicModel(outputs=[make_output(f"step {n}", [{"command": c}]) for n, c in enumerate(commands)])
+    return DefaultAgent(model, env, **AGENT)
+
+
+def observations(agent: DefaultAgent) -> list[dict[str, Any]]:
+    return [message for message in agent.messages if message["role"] == "user"][1:]
+
+
+def test_a_spent_budget_ends_the_run_as_minis_own_limits_do(tmp_path: Path) -> None:
+    agent = agent_over(
+        tmp_path,
+        ["echo 1; echo 2 >&2; echo 3", "exit 4", "echo never"],
+        limits={"max_calls": 2, "sandbox": "none"},
+    )
+    try:
+        outcome = agent.run("go")
+    finally:
+        agent.env.close()
+    assert outcome["exit_status"] == "LimitsExceeded"
+    assert outcome["trial_tool"] == {"refusal": "maximum_tool_calls"}
+    first, second = observations(agent)
+    # One stream, in the order written, as mini's local environment shows it.
+    assert first["extra"]["raw_output"] == "1\n2\n3\n" and first["extra"]["returncode"] == 0
+    assert second["extra"]["returncode"] == 4
+    assert second["extra"]["trial_tool"]["budget"]["calls_left"] == 0
+    records = strict_records(tmp_path / "log.jsonl")
+    assert [r["status"] for r in records] == ["ok", "error", "maximum_tool_calls"]
+    assert all(r["merged_output"] for r in records[:2])
+    assert verify(tmp_path / "state.json", tmp_path / "log.jsonl").ok
+    # The trajectory says where the trial is and what it used.
+    info = agent.serialize()["info"]["trial_tool"]
+    assert info["state"] == str(tmp_path / "state.json") and info["budget"]["calls_used"] == 2
+
+
+def test_observe_lets_the_model_read_the_refusal(tmp_path: Path) -> None:
+    agent = agent_over(
+        tmp_path, ["echo one", "echo two", "echo three"], limits={"max_calls": 1}, on_exhausted="observe"
+    )
+    agent.config.step_limit = 2
+    try:
+        outcome = agent.run("go")
+    finally:
+        agent.env.close()
+    assert outcome["exit_status"] == "LimitsExceeded"  # mini's own step limit, after the refusal was read
+    _, refused = observations(agent)
+    assert refused["extra"]["returncode"] == -1
+    assert "[trial-tool: " in refused["content"] and "budget is spent" in refused["content"]
+    assert [r["status"] for r in strict_records(tmp_path / "log.jsonl")] == ["ok", "maximum_tool_calls"]
+
+
+def test_submission_and_a_timeout(tmp_path: Path) -> None:
+    agent = agent_over(
+        tmp_path,
+        ["sleep 30", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo the patch"],
+        timeout=1,  # mini's per-call timeout: shorter than the trial's
+    )
+    try:
+        outcome = agent.run("go")
+    finally:
+        agent.env.close()
+    assert outcome["exit_status"] == "Submitted" and outcome["submission"] == "the patch\n"
+    stopped = observations(agent)[0]
+    assert stopped["extra"]["returncode"] == 124 and "timeout" in stopped["extra"]["exception_info"]
+    records = strict_records(tmp_path / "log.jsonl")
+    assert [(r["status"], r["deadline_kind"]) for r in records] == [("timeout", "request"), ("ok", "request")]

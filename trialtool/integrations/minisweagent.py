@@ -1,0 +1,140 @@
+"""mini-swe-agent's environment, with every command a call of a trial.
+
+    environment:
+      environment_class: trialtool.integrations.minisweagent.TrialEnvironment
+      state: runs/t1/state.json
+      log: runs/t1/log.jsonl
+      limits: {max_calls: 50, max_tokens: 100000}
+
+mini runs `/bin/sh` by absolute path, so a shim on PATH would budget only
+nested shells; this environment takes the command itself. It keeps mini's
+observation shape (`output`, `returncode`, `exception_info`) and its
+submission check, and adds the trial's own account of the call under
+`extra.trial_tool`. stdout and stderr reach the model merged, in the order
+written, as mini's local environment shows them. A call refused because a
+budget is spent ends the run as mini's own limits do: `LimitsExceeded` (or
+`TimeExceeded` for the trial's time), with `on_exhausted: observe` making it
+an observation instead. docs/minisweagent.md has a runnable example.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentConfig
+from minisweagent.exceptions import LimitsExceeded, TimeExceeded
+
+from ..doors import agentview
+from ..errors import BudgetExhausted, TrialToolError
+from ..trial import Trial
+
+
+class TrialEnvironmentConfig(LocalEnvironmentConfig):
+    """mini's local settings (`cwd`, `env`, `timeout`: per call, it can only shorten the trial's) and the trial's."""
+
+    #: The trial's state and log; the trial is created on the first call if it does not exist.
+    state: str
+    log: str
+    #: Limits pinned when the trial is created (names as in `Trial`/`Limits`: max_calls, max_tokens, ...).
+    limits: dict[str, Any] = {}
+    #: "raise": a spent budget ends the run (LimitsExceeded); "observe": the model reads the refusal.
+    on_exhausted: Literal["raise", "observe"] = "raise"
+    #: One stream, as mini shows it; False delivers stdout then stderr after a `[stderr]` line.
+    merge_output: bool = True
+    #: A file holding the ledger key (a keyed trial), hidden from sandboxed commands.
+    key_file: str | None = None
+
+
+class TrialEnvironment(LocalEnvironment):
+    """`LocalEnvironment` with each `execute` run through a `Trial` (budgeted, contained, recorded)."""
+
+    def __init__(self, *, config_class: type = TrialEnvironmentConfig, **kwargs: Any) -> None:
+        super().__init__(config_class=config_class, **kwargs)
+        key = None
+        if self.config.key_file is not None:
+            with open(self.config.key_file, "rb") as source:
+                key = source.read().rstrip(b"\r\n")
+        self.trial = Trial(
+            self.config.state,
+            self.config.log,
+            limits=self.config.limits,
+            key=key,
+            hidden_files=[self.config.key_file] if self.config.key_file else [],
+        )
+
+    def execute(self, action: dict[str, Any], cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
+        """Run the action's command as one call of the trial; mini's observation of it."""
+        command = action.get("command", "")
+        cwd = cwd or self.config.cwd or os.getcwd()
+        timeout = timeout or self.config.timeout
+        try:
+            result = self.trial.run(
+                command,
+                cwd=cwd,
+                env=self.config.env,
+                timeout=float(timeout) if timeout else None,
+                merge_output=self.config.merge_output,
+            )
+        except BudgetExhausted as exc:
+            if self.config.on_exhausted == "raise":
+                kind = TimeExceeded if exc.status == "task_timeout_seconds" else LimitsExceeded
+                status = kind.__name__
+                extra = {"exit_status": status, "submission": "", "trial_tool": {"refusal": exc.status}}
+                raise kind({"role": "exit", "content": status, "extra": extra}) from exc
+            return self._not_run(exc)
+        except TrialToolError as exc:
+            return self._not_run(exc)
+        output = result.stdout
+        if result.stderr:
+            output += ("" if not output or output.endswith("\n") else "\n") + agentview.STDERR_LABEL + "\n"
+            output += result.stderr
+        observation = {
+            "output": output,
+            "returncode": result.exit_code,
+            "exception_info": "" if result.status not in _STOPPED else agentview.framing(result),
+            "extra": {"trial_tool": _account(result.as_json())},
+        }
+        self._check_finished(observation)
+        return observation
+
+    def _not_run(self, exc: TrialToolError) -> dict[str, Any]:
+        text = agentview.refusal(exc)
+        return {
+            "output": "",
+            "returncode": -1,
+            "exception_info": text,
+            "extra": {"trial_tool": {"status": exc.status, "error": exc.message}},
+        }
+
+    def serialize(self) -> dict[str, Any]:
+        """mini's record of the environment, with where the trial's files are and what it used."""
+        data = super().serialize()
+        try:
+            budget: Any = self.trial.budget().as_json()
+        except TrialToolError as exc:
+            budget = {"error": exc.message}
+        data["info"]["trial_tool"] = {
+            "state": os.path.abspath(self.config.state),
+            "log": os.path.abspath(self.config.log),
+            "budget": budget,
+        }
+        return data
+
+    def close(self) -> None:
+        """Stop the trial's fork server (it also stops when the process ends)."""
+        self.trial.close()
+
+
+#: Statuses where the command did not end on its own: mini shows these as an exception.
+_STOPPED = frozenset(
+    {"timeout", "output_limit", "memory_limit", "cpu_limit", "file_size_limit", "process_limit", "interrupted"}
+)
+
+
+def _account(result: dict[str, Any]) -> dict[str, Any]:
+    """The call's result without the text (the observation has it)."""
+    return {name: value for name, value in result.items() if name not in ("stdout", "stderr")}
+
+
+__all__ = ["TrialEnvironment", "TrialEnvironmentConfig"]
