@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (pip install 'trialtool[test]')")
-from minisweagent.agents.default import DefaultAgent  # noqa: E402
-from minisweagent.environments import get_environment  # noqa: E402
-from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.environments import get_environment
+from minisweagent.models.test_models import DeterministicModel, make_output
 
-from tests.conftest import strict_records  # noqa: E402
-from trialtool.ledger.verify import verify  # noqa: E402
+from tests.conftest import strict_records
+from trialtool.ledger.verify import verify
 
 AGENT = {"system_template": "You run commands.", "instance_template": "{{task}}", "step_limit": 10, "cost_limit": 0}
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentConfig
 from minisweagent.exceptions import LimitsExceeded, TimeExceeded
+from pydantic import Field
 
 from ..doors import agentview
 from ..errors import BudgetExhausted, TrialToolError
@@ -37,7 +38,7 @@ class TrialEnvironmentConfig(LocalEnvironmentConfig):
     state: str
     log: str
     #: Limits pinned when the trial is created (names as in `Trial`/`Limits`: max_calls, max_tokens, ...).
-    limits: dict[str, Any] = {}
+    limits: dict[str, Any] = Field(default_factory=dict)
     #: "raise": a spent budget ends the run (LimitsExceeded); "observe": the model reads the refusal.
     on_exhausted: Literal["raise", "observe"] = "raise"
     #: One stream, as mini shows it; False delivers stdout then stderr after a `[stderr]` line.
