@@ -68,6 +68,38 @@ def tiktoken_cache_path() -> str:
     return os.path.join(cache_dir, hashlib.sha1(_DOWNLOAD_URL.encode()).hexdigest())
 
 
+def seed_tiktoken_cache(directory: str | os.PathLike[str] | None = None) -> str:
+    """Put the bundled o200k_base file where tiktoken looks for it; its path there.
+
+    For other code in the same process or machine that calls
+    `tiktoken.get_encoding("o200k_base")` (inspect-ai's mock model does), which
+    would otherwise download it. `directory` is the cache to fill (default:
+    TIKTOKEN_CACHE_DIR, else tiktoken's own); a file already there with the
+    right hash is kept. The copy is written to a temporary name and renamed.
+    """
+    if directory is None:
+        target = tiktoken_cache_path()
+    else:
+        target = os.path.join(os.fspath(directory), os.path.basename(tiktoken_cache_path()))
+    try:
+        with open(target, "rb") as existing:
+            if hashlib.sha256(existing.read()).hexdigest() == EXPECTED_SHA256:
+                return target
+    except OSError:
+        pass
+    source = locate()
+    data = fsio.read_input(source)
+    if hashlib.sha256(data).hexdigest() != EXPECTED_SHA256:
+        msg = f"o200k_base rank file {source} does not have the official hash; {_FIX}"
+        raise EncoderError(msg)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    temporary = f"{target}.{os.getpid()}.tmp"
+    with open(temporary, "wb") as out:
+        out.write(data)
+    os.replace(temporary, target)
+    return target
+
+
 def locate(rank_file: str | os.PathLike[str] | None = None) -> str:
     """The rank file to use, by the order in the module docstring; EncoderError if none."""
     explicit = rank_file if rank_file is not None else os.environ.get(RANK_FILE_ENV)
@@ -175,6 +207,7 @@ __all__ = [
     "RANK_FILE_ENV",
     "RankFile",
     "locate",
+    "seed_tiktoken_cache",
     "stamp",
     "tiktoken_cache_path",
     "verified",

@@ -1,0 +1,124 @@
+"""inspect-ai's own eval loop and mock model, each sample's execs running through a trial of its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("inspect_ai", reason="inspect-ai is not installed (pip install 'trialtool[test]')")
+from inspect_ai import Task, eval
+from inspect_ai.dataset import Sample
+from inspect_ai.log import read_eval_log
+from inspect_ai.model import ModelOutput, get_model
+from inspect_ai.solver import generate, use_tools
+from inspect_ai.tool import bash, python
+
+from tests.conftest import strict_records
+from trialtool.integrations.inspectai import TrialSandboxConfig
+from trialtool.ledger.verify import verify
+from trialtool.tokens import seed_tiktoken_cache
+
+# inspect and its dependencies warn of deprecations of theirs and leave anyio streams of
+# their own unclosed; neither is this test's to fix.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
+#: Each sample's script, one tool call a turn: bash, python (its code on stdin), a slow bash, one too many.
+PLAN = [
+    ("bash", {"command": "cat id.txt; echo; echo to-stderr >&2"}),
+    ("python", {"code": "import sys\nprint(sum(range(10)), sys.stdin.read() == '')"}),
+    ("bash", {"command": "sleep 0.5; echo slept"}),
+    ("bash", {"command": "echo one too many"}),
+]
+CODE = PLAN[1][1]["code"]
+
+
+@pytest.fixture(autouse=True)
+def offline_tiktoken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # inspect's mock model counts tokens with tiktoken.get_encoding("o200k_base"), which
+    # downloads the file unless tiktoken's cache holds it: filled from trialtool's own copy.
+    cache = tmp_path / "tiktoken-cache"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    seed_tiktoken_cache(cache)
+
+
+def scripted(messages: list[Any], tools: Any, tool_choice: Any, config: Any) -> ModelOutput:
+    """The next step of PLAN, by how many tool results the sample has so far (samples run at once)."""
+    done = sum(1 for message in messages if message.role == "tool")
+    if done < len(PLAN):
+        name, arguments = PLAN[done]
+        return ModelOutput.for_tool_call(model="mockllm/model", tool_name=name, tool_arguments=arguments)
+    return ModelOutput.from_content(model="mockllm/model", content="done")
+
+
+def run_eval(tmp_path: Path, config: Any) -> Any:
+    task = Task(
+        dataset=[Sample(id=f"s{n}", input="go", files={"id.txt": f"sample {n}"}) for n in (1, 2)],
+        solver=[use_tools(bash(), python()), generate()],
+        sandbox=("trialtool", config),
+    )
+    model = get_model("mockllm/model", custom_outputs=scripted)
+    [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none", max_samples=2)
+    assert log.status == "success", log.error
+    return log
+
+
+def test_each_sample_runs_in_a_trial_of_its_own(tmp_path: Path) -> None:
+    log = run_eval(tmp_path, {"limits": {"max_calls": 3}})
+    spans = []
+    for sample in log.samples:
+        account = sample.metadata["trialtool"]
+        state, trial_log = Path(account["state"]), Path(account["log"])
+        # Beside the eval log, one directory per sample and epoch.
+        assert state.parent.name == f"{sample.id}-epoch1"
+        assert state.parent.parent == Path(log.location).with_suffix(".trials")
+        assert not Path(account["workspace"]).exists()  # removed at cleanup; the state and log stay
+        records = strict_records(trial_log)
+        assert [r["status"] for r in records] == ["ok", "ok", "ok", "maximum_tool_calls"]
+        # The python tool's code went in on stdin, recorded by size.
+        assert records[1]["command"] == ["bash", "--login", "-c", "python3 -"]
+        assert records[1]["stdin_bytes"] == len(CODE.encode())
+        tool_texts = [message.text for message in sample.messages if message.role == "tool"]
+        assert f"sample {sample.id[1:]}" in tool_texts[0] and "to-stderr" in tool_texts[0]
+        assert "45 True" in tool_texts[1]
+        assert "slept" in tool_texts[2]
+        # The refusal is a failed exec: the model reads trial-tool's line.
+        assert tool_texts[3].startswith("[trial-tool: call refused: all 3 calls are spent")
+        # The budget is exact, and the metadata says what the state says.
+        stored = json.loads(state.read_text())
+        assert (stored["calls"], stored["refused_calls"]) == (3, 1)
+        assert stored["emitted_tokens"] == sum(r["delivered_emitted_tokens"] for r in records)
+        assert account["budget"]["calls_used"] == 3 and account["budget"]["tokens_used"] == stored["emitted_tokens"]
+        assert account["limits"]["max_calls"] == 3
+        assert verify(state, trial_log).ok
+        spans.append((records[0]["started_at_utc"], records[2]["ended_at_utc"]))
+    # The two samples ran at the same time, each against its own budget.
+    (start1, end1), (start2, end2) = spans
+    assert start1 < end2 and start2 < end1
+    # The eval log on disk carries the same account, for a grader.
+    on_disk = read_eval_log(log.location)
+    assert {s.metadata["trialtool"]["state"] for s in on_disk.samples} == {
+        s.metadata["trialtool"]["state"] for s in log.samples
+    }
+
+
+def test_config_root_and_kept_workspace(tmp_path: Path) -> None:
+    config = TrialSandboxConfig(root=str(tmp_path / "trials"), limits={"max_calls": 3}, keep_workspace=True)
+    log = run_eval(tmp_path, config)
+    for sample in log.samples:
+        account = sample.metadata["trialtool"]
+        assert Path(account["state"]).is_relative_to(tmp_path / "trials")
+        assert (Path(account["workspace"]) / "id.txt").read_text() == f"sample {sample.id[1:]}"
+    # A second eval into the same root, configured from a file, makes trials of its own: nothing is reused.
+    config_file = tmp_path / "trialtool.yaml"
+    config_file.write_text(f"root: {tmp_path / 'trials'}\nlimits:\n  max_calls: 3\n")
+    again = run_eval(tmp_path, str(config_file))
+    first = {s.metadata["trialtool"]["state"] for s in log.samples}
+    second = {s.metadata["trialtool"]["state"] for s in again.samples}
+    assert not first & second
