@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +124,13 @@ def test_config_root_and_kept_workspace(tmp_path: Path) -> None:
     first = {s.metadata["trialtool"]["state"] for s in log.samples}
     second = {s.metadata["trialtool"]["state"] for s in again.samples}
     assert not first & second
+
+
+def test_the_example_runs(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "inspect_eval.py"
+    done = subprocess.run(
+        [sys.executable, str(example), str(tmp_path / "logs")], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert sum("3 calls" in line and "1 refused" in line for line in lines) == 2

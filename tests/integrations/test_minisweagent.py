@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +96,12 @@ def test_submission_and_a_timeout(tmp_path: Path) -> None:
     assert stopped["extra"]["returncode"] == 124 and "timeout" in stopped["extra"]["exception_info"]
     records = strict_records(tmp_path / "log.jsonl")
     assert [(r["status"], r["deadline_kind"]) for r in records] == [("timeout", "request"), ("ok", "request")]
+
+
+def test_the_example_runs(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "minisweagent_run.py"
+    done = subprocess.run([sys.executable, str(example), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "exit status: LimitsExceeded" in done.stdout
+    statuses = [r["status"] for r in strict_records(tmp_path / "log.jsonl")]
+    assert statuses == ["ok", "ok", "maximum_tool_calls"]
