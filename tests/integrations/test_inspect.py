@@ -134,3 +134,44 @@ def test_the_example_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert sum("3 calls" in line and "1 refused" in line for line in lines) == 2
+
+
+def test_text_editor_runs_in_the_call_and_inspects_own_commands_are_not_charged(tmp_path: Path) -> None:
+    from inspect_ai.tool import bash_session, text_editor
+
+    plan = [
+        ("text_editor", {"command": "create", "path": "hello.txt", "file_text": "hi\n"}),
+        ("text_editor", {"command": "view", "path": "hello.txt"}),
+        ("bash_session", {"action": "type_submit", "input": "echo kept between calls"}),
+    ]
+
+    def editing(messages: list[Any], tools: Any, tool_choice: Any, config: Any) -> ModelOutput:
+        done = sum(1 for message in messages if message.role == "tool")
+        if done < len(plan):
+            name, arguments = plan[done]
+            return ModelOutput.for_tool_call(model="mockllm/model", tool_name=name, tool_arguments=arguments)
+        return ModelOutput.from_content(model="mockllm/model", content="done")
+
+    task = Task(
+        # The setup script is inspect's own command: run, not charged.
+        dataset=[Sample(id="edit", input="go", setup="echo ready > setup.txt")],
+        solver=[use_tools(text_editor(), bash_session()), generate()],
+        sandbox=("trialtool", TrialSandboxConfig(keep_workspace=True, limits={"max_calls": 5})),
+    )
+    model = get_model("mockllm/model", custom_outputs=editing)
+    [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none")
+    # bash_session needs inspect's tools server, which would run commands outside every call: refused.
+    assert log.status == "error" and "tools server" in log.error.message
+    [sample] = log.samples
+    account = sample.metadata["trialtool"]
+    workspace = Path(account["workspace"])
+    assert (workspace / "setup.txt").read_text() == "ready\n"
+    assert (workspace / "hello.txt").read_text() == "hi\n"
+    tool_texts = [message.text for message in sample.messages if message.role == "tool"]
+    assert "1\thi" in tool_texts[1]
+    # Each text_editor use is one call; inspect's setup, tool installation and the refused
+    # bash_session are not calls.
+    records = strict_records(Path(account["log"]))
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert all(r["command"][1:] == ["exec"] for r in records)
+    assert json.loads(Path(account["state"]).read_text())["calls"] == 2

@@ -10,7 +10,11 @@ default beside the eval log (`<log>.trials/<sample>-epoch<N>/`). Every `exec`
 (the bash and python tools, the agent's own, a scorer's) is one budgeted,
 contained, recorded call: `input` reaches the command on its stdin, `timeout`
 shortens the call's deadline. `read_file` and `write_file` are the harness's
-own file access and are not charged.
+own file access and are not charged, and so are the commands inspect runs on
+its own behalf (a sample's setup, installing its sandbox tools), recognised
+exactly. `text_editor` works, a call a use; tools that need inspect's tools
+server (bash_session, exec_remote) are refused, since that server would run
+commands outside every call.
 
 What a tool sees of a refused call is a failed exec: return code 123 and
 trial-tool's one-line refusal on stderr, which inspect's tools show the model.
@@ -39,13 +43,15 @@ from typing import Any, Literal, overload
 
 from inspect_ai.log._samples import sample_active
 from inspect_ai.solver._task_state import sample_state
-from inspect_ai.util import ExecResult, SandboxEnvironment, SandboxEnvironmentConfigType, sandboxenv
+from inspect_ai.util import ExecResult, SandboxEnvironment, SandboxEnvironmentConfigType, sandboxenv, subprocess
+from inspect_ai.util._sandbox._cli import SANDBOX_CLI
+from inspect_ai.util._sandbox._privileged import IMAGE_PATH_VARIABLE, SHELL_PATH
 from inspect_ai.util._sandbox.environment import RootAccess, SandboxUserUnsupportedError
 from inspect_ai.util._sandbox.limits import verify_read_file_size
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..doors import agentview
-from ..errors import TrialToolError, UsageError
+from ..errors import EXIT_INTERNAL, TrialToolError, UsageError
 from ..trial import Trial
 
 #: The key of the sample's metadata that holds the trial's account.
@@ -152,6 +158,17 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             msg = f"the trialtool sandbox runs commands as the current user only, not {user!r}"
             raise SandboxUserUnsupportedError(msg)
         directory = self.workspace if cwd is None else self.workspace / cwd
+        if cmd[:1] == [SANDBOX_CLI] and cmd[1:] in (["start-server"], ["stop-server"]):
+            # inspect's tools server would run tools' commands outside every call, unbudgeted and
+            # uncontained: it is not started. Tools that run in their own call (text_editor) work.
+            return ExecResult(True, 0, "", "")
+        if cmd[:1] == [SANDBOX_CLI] and _needs_tools_server(input):
+            msg = "this tool needs inspect's tools server, which the trialtool sandbox does not run; nothing ran"
+            return ExecResult(False, EXIT_INTERNAL, "", agentview.refusal(UsageError(msg)))
+        if _inspects_own(cmd):
+            # inspect's own command, on its own behalf (a sample's setup, installing its
+            # sandbox tools): the harness's, like read_file and write_file.
+            return await subprocess(cmd, input=input, cwd=directory, env=env, timeout=timeout)
         try:
             result = await self.trial.arun(
                 list(cmd),
@@ -197,6 +214,43 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         state = sample_state()
         if state is not None:
             state.metadata[METADATA_KEY] = dict(self.account)
+
+
+def framework_directory_script() -> str:
+    """The script inspect wraps its framework directory's commands in (checked, created, extracted into)."""
+    from inspect_ai.util._sandbox import _framework_directory
+
+    return str(_framework_directory._SCRIPT)
+
+
+#: How every command inspect issues on its own behalf begins (inspect_ai.util._sandbox._privileged).
+_OWN_PREAMBLE = f"{IMAGE_PATH_VARIABLE}=${{PATH-}}"
+
+
+def _inspects_own(cmd: list[str]) -> bool:
+    """Whether `cmd` is inspect's own plumbing rather than a tool's call: not charged, not recorded."""
+    # Its privileged scripts all begin the same way; its framework directory's script is one text.
+    return (
+        len(cmd) >= 3
+        and cmd[0] == SHELL_PATH
+        and cmd[1] == "-c"
+        and (cmd[2].startswith(_OWN_PREAMBLE) or cmd[2] == framework_directory_script())
+    )
+
+
+#: The tools whose calls go to inspect's tools server (a shell kept between calls, remote processes).
+_SERVER_METHODS = ("bash_session", "exec_remote", "mcp_")
+
+
+def _needs_tools_server(request: str | bytes | None) -> bool:
+    """Whether a call of inspect's sandbox tools names a method its server would run."""
+    import json
+
+    try:
+        method = json.loads(request or "{}").get("method", "")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(method, str) and method.startswith(_SERVER_METHODS)
 
 
 def _settings(config: SandboxEnvironmentConfigType | None) -> TrialSandboxConfig:
