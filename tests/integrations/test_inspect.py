@@ -50,13 +50,20 @@ def offline_tiktoken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seed_tiktoken_cache(cache)
 
 
-def scripted(messages: list[Any], tools: Any, tool_choice: Any, config: Any) -> ModelOutput:
-    """The next step of PLAN, by how many tool results the sample has so far (samples run at once)."""
-    done = sum(1 for message in messages if message.role == "tool")
-    if done < len(PLAN):
-        name, arguments = PLAN[done]
-        return ModelOutput.for_tool_call(model="mockllm/model", tool_name=name, tool_arguments=arguments)
-    return ModelOutput.from_content(model="mockllm/model", content="done")
+def scripted_by(plan: list[tuple[str, dict[str, Any]]]) -> Any:
+    """A mock model's outputs: the next step of `plan`, by how many tool results the sample has so far.
+
+    Counted per sample, from its own messages: samples run at once.
+    """
+
+    def next_output(messages: list[Any], tools: Any, tool_choice: Any, config: Any) -> ModelOutput:
+        done = sum(1 for message in messages if message.role == "tool")
+        if done < len(plan):
+            name, arguments = plan[done]
+            return ModelOutput.for_tool_call(model="mockllm/model", tool_name=name, tool_arguments=arguments)
+        return ModelOutput.from_content(model="mockllm/model", content="done")
+
+    return next_output
 
 
 def run_eval(tmp_path: Path, config: Any) -> Any:
@@ -65,7 +72,7 @@ def run_eval(tmp_path: Path, config: Any) -> Any:
         solver=[use_tools(bash(), python()), generate()],
         sandbox=("trialtool", config),
     )
-    model = get_model("mockllm/model", custom_outputs=scripted)
+    model = get_model("mockllm/model", custom_outputs=scripted_by(PLAN))
     [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none", max_samples=2)
     assert log.status == "success", log.error
     return log
@@ -145,20 +152,13 @@ def test_text_editor_runs_in_the_call_and_inspects_own_commands_are_not_charged(
         ("bash_session", {"action": "type_submit", "input": "echo kept between calls"}),
     ]
 
-    def editing(messages: list[Any], tools: Any, tool_choice: Any, config: Any) -> ModelOutput:
-        done = sum(1 for message in messages if message.role == "tool")
-        if done < len(plan):
-            name, arguments = plan[done]
-            return ModelOutput.for_tool_call(model="mockllm/model", tool_name=name, tool_arguments=arguments)
-        return ModelOutput.from_content(model="mockllm/model", content="done")
-
     task = Task(
         # The setup script is inspect's own command: run, not charged.
         dataset=[Sample(id="edit", input="go", setup="echo ready > setup.txt")],
         solver=[use_tools(text_editor(), bash_session()), generate()],
         sandbox=("trialtool", TrialSandboxConfig(keep_workspace=True, limits={"max_calls": 5})),
     )
-    model = get_model("mockllm/model", custom_outputs=editing)
+    model = get_model("mockllm/model", custom_outputs=scripted_by(plan))
     [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none")
     # bash_session needs inspect's tools server, which would run commands outside every call: refused.
     assert log.status == "error" and "tools server" in log.error.message
