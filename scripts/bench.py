@@ -11,7 +11,9 @@ a cold CLI call with no output at most 80 ms over bare; a call with output
 pays for the encoder once and tokenizes once; the per-call overhead of a warm
 front door over a bare `subprocess.run` of `echo hello` in the same process:
 the API at most 5 ms, `serve` 10 ms, an MCP tool call 20 ms; the bwrap
-sandbox at most 15 ms over no sandbox, warm. The graders' view (make the trials
+sandbox at most 15 ms over no sandbox, warm. A call's stdin and merged output,
+and an exec of inspect's `trialtool` sandbox against its local one, are
+measured without a target. The graders' view (make the trials
 with scripts/make_trials.py): over 10 000 trials of 12 calls, `report` with
 verification within 20 s and 500 MB, `export` to Parquet within 20 s.
 """
@@ -127,6 +129,65 @@ print(json.dumps(out))
 """
 
 
+# Runs in a fresh interpreter: a call's own options (stdin, merged output) over the warm API,
+# each case against the same command bare, call by call. Prints JSON.
+_OPTIONS = r"""
+import json, statistics, subprocess, sys, tempfile, time
+from pathlib import Path
+runs = int(sys.argv[1])
+root = Path(tempfile.mkdtemp())
+mib = b"x" * (1 << 20)
+script = "echo 1; echo 2 >&2; echo 3"
+cases = {
+    "wc -c, 1 MiB stdin": (["wc", "-c"], {"input": mib}, {"input": mib}),
+    "true, 1 MiB unread": (["true"], {"input": mib}, {"input": mib}),
+    "sh, two streams": (["sh", "-c", script], {}, {}),
+    "sh, merged": (["sh", "-c", script], {"stderr": subprocess.STDOUT}, {"merge_output": True}),
+}
+from trialtool import Trial
+limits = {"max_calls": 1000000, "max_tokens": 10**9, "sandbox": "none", "max_stdin_bytes": 1 << 21}
+out = {}
+with Trial(root / "o.json", root / "o.jsonl", limits=limits) as trial:
+    for name, (argv, bare_options, options) in cases.items():
+        for _ in range(3):
+            trial.run(argv, **options)
+        base, tooled = [], []
+        for _ in range(runs):
+            kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **bare_options}
+            t = time.perf_counter(); subprocess.run(argv, **kwargs); base.append(time.perf_counter() - t)
+            t = time.perf_counter(); trial.run(argv, **options); tooled.append(time.perf_counter() - t)
+        out[name] = [statistics.median(base), statistics.median(tooled)]
+print(json.dumps(out))
+"""
+
+# Runs in a fresh interpreter with inspect-ai installed: an exec of inspect's local sandbox
+# against the same exec of the trialtool sandbox, outside an eval. Prints JSON, or null.
+_INSPECT = r"""
+import asyncio, json, statistics, sys, tempfile, time
+try:
+    from inspect_ai.util._sandbox.local import LocalSandboxEnvironment
+    from trialtool.integrations.inspectai import TrialSandboxConfig, TrialSandboxEnvironment
+except ImportError:
+    print("null"); sys.exit()
+runs = int(sys.argv[1])
+async def main():
+    limits = {"max_calls": 1000000, "max_tokens": 10**9, "sandbox": sys.argv[2]}
+    config = TrialSandboxConfig(root=tempfile.mkdtemp(), limits=limits)
+    local = (await LocalSandboxEnvironment.sample_init("bench", None, {}))["default"]
+    boxed = (await TrialSandboxEnvironment.sample_init("bench", config, {}))["default"]
+    times = {"local": [], "trialtool": []}
+    for _ in range(3):
+        await boxed.exec(["echo", "hello"])
+    for _ in range(runs):
+        for name, env in (("local", local), ("trialtool", boxed)):
+            t = time.perf_counter(); await env.exec(["echo", "hello"]); times[name].append(time.perf_counter() - t)
+    await LocalSandboxEnvironment.sample_cleanup("bench", None, {"default": local}, False)
+    await TrialSandboxEnvironment.sample_cleanup("bench", config, {"default": boxed}, False)
+    print(json.dumps({name: statistics.median(values) for name, values in times.items()}))
+asyncio.run(main())
+"""
+
+
 FASTEST: dict[str, float] = {}
 
 
@@ -239,6 +300,25 @@ def warm_figures(tool: str, python: str, runs: int) -> None:
                 f"  {door:<8}{label:<16}{bare * 1000:>8.2f}{tooled * 1000:>8.2f}{over:>10.2f}"
                 f"{tooled / bare:>7.1f}x  {verdict} {target:.0f}"
             )
+
+
+def option_figures(python: str, runs: int) -> None:
+    """What a call's stdin and merged output cost, and an inspect exec through the trialtool sandbox."""
+    print("\na call's own options over the warm API (--sandbox none), against the same command bare, median ms:")
+    print(f"  {'case':<22}{'bare':>8}{'API':>8}{'overhead':>10}")
+    done = subprocess.run([python, "-c", _OPTIONS, str(runs)], capture_output=True, text=True, check=True)
+    for name, (bare, tooled) in json.loads(done.stdout).items():
+        print(f"  {name:<22}{bare * 1000:>8.2f}{tooled * 1000:>8.2f}{(tooled - bare) * 1000:>10.2f}")
+    for mode in ("none", "bwrap"):
+        if mode == "bwrap" and sandbox_unavailable():
+            continue
+        done = subprocess.run([python, "-c", _INSPECT, str(runs), mode], capture_output=True, text=True, check=True)
+        figures = json.loads(done.stdout)
+        if figures is None:
+            print("  inspect-ai: not installed")
+            return
+        local, boxed = figures["local"] * 1000, figures["trialtool"] * 1000
+        print(f"  inspect exec `echo hello`: local sandbox {local:.2f}, trialtool (--sandbox {mode}) {boxed:.2f}")
 
 
 def sandbox_unavailable() -> str | None:
@@ -513,6 +593,7 @@ def main() -> int:
     )
     no_output = results["true (no output)"][1]
     warm_figures(tool, python, args.runs)
+    option_figures(python, args.runs)
     memory_figures(tool, work, python)
     stopping(tool, work, python, no_output)
     sandbox_figures(tool, work, python, args.runs)

@@ -146,6 +146,17 @@ def test_pairs_by_stem_by_trial_id_and_alone(tmp_path: Path) -> None:
     assert [(Path(s).name, Path(log).name) for s, log in find([str(alone)])] == [("s.json", "l.jsonl")]
 
 
+def test_a_trial_from_before_the_stdin_bound_has_the_same_rules(tmp_path: Path) -> None:
+    make_trials(tmp_path, "ab", ["echo hi"], {})
+    state = tmp_path / "a" / "s.json"
+    document = json.loads(state.read_text())
+    del document["limits"]["max_stdin_bytes"]  # as a state written before the limit existed
+    state.write_text(json.dumps(document, sort_keys=True))
+    overview = report_json(str(tmp_path))["overview"]
+    assert overview["fairness"]["same_rules"], overview["fairness"]
+    assert overview["integrity"] == {"clean": 2}
+
+
 def test_in_parallel_as_in_one_process(tmp_path: Path) -> None:
     """Enough trials for the worker pool: the same summaries, in the same order, as without it."""
     first = tmp_path / "t000"

@@ -15,7 +15,6 @@ one JSON result line to trial-tool before exiting, whatever happened.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import selectors
@@ -142,7 +141,7 @@ def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, rea
             bool(orders.get("sandboxed")),
             orders.get("umask"),
             [tuple(row) for row in orders.get("rlimits") or ()],
-            None if orders.get("stdin") is None else base64.b64decode(orders["stdin"]),
+            orders.get("stdin"),
             bool(orders.get("merge_output")),
         )
         cap = spec.limits.max_capture_bytes
@@ -171,28 +170,39 @@ def _report_and_exit(result_fd: int, result: dict[str, Any], code: int) -> NoRet
 def _read_orders(control_fd: int, signals: Signals) -> dict[str, Any] | None:
     """The Spec sent by trial-tool, or None on EOF or if trial-tool died meanwhile.
 
-    A stop request may follow the orders in the same read (trial-tool interrupted
-    at once): it is kept as `signals.stop`, so the command is stopped as it starts.
+    The orders are one JSON line; `stdin_bytes` raw bytes of input follow it,
+    read into `stdin`. A stop request may follow them in the same read
+    (trial-tool interrupted at once): it is kept as `signals.stop`, so the
+    command is stopped as it starts.
     """
     data = bytearray()
+    orders: dict[str, Any] | None = None
+    wanted = 0  # bytes of input, once the orders' line is in
     with selectors.DefaultSelector() as selector:
         selector.register(control_fd, selectors.EVENT_READ)
         selector.register(signals.read_fd, selectors.EVENT_READ)
-        while b"\n" not in data:
+        while orders is None or len(data) < wanted:
             for key, _ in selector.select():
                 if key.fd == signals.read_fd:
                     signals.drain()
                     if signals.orphaned or signals.stop:
                         return None  # trial-tool died, or gave up on the call before sending it
                     continue
-                chunk = os.read(control_fd, 65536)
+                seen = len(data)
+                chunk = os.read(control_fd, 1 << 20)
                 if not chunk:
                     return None
                 data += chunk
-    line, _, after = bytes(data).partition(b"\n")
-    if after:
+                if orders is None and b"\n" in chunk:
+                    end = data.index(b"\n", seen)
+                    orders = json.loads(bytes(data[:end]))
+                    del data[: end + 1]
+                    wanted = orders.get("stdin_bytes") or 0
+    assert orders is not None
+    if orders.get("stdin_bytes") is not None:
+        orders["stdin"] = bytes(data[:wanted])
+    if len(data) > wanted:
         signals.stop = True
-    orders: dict[str, Any] = json.loads(line)
     return orders
 
 

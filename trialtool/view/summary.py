@@ -137,7 +137,8 @@ def summarize_snapshot(
     limits = mapping(raw.get("limits"))
     if limits:
         # A state written before a limit existed has its default: the same trial, for the fairness check.
-        limits = {**{name: getattr(Limits(), name) for name in LATER_FIELDS}, **limits}
+        # Sorted, as the state stores them: the page compares trials' limits as JSON text.
+        limits = dict(sorted({**{name: getattr(Limits(), name) for name in LATER_FIELDS}, **limits}.items()))
     sandbox = mapping(raw.get("sandbox"))
     calls = whole(raw.get("calls"))
     tokens = whole(raw.get("emitted_tokens"))
