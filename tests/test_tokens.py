@@ -120,6 +120,21 @@ def test_the_hook_would_catch_a_download(tmp_path: Path) -> None:
     assert done.returncode == 99 and b"NETWORK USED" in done.stderr
 
 
+def test_a_seeded_cache_serves_tiktoken_offline(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    path = tokens.seed_tiktoken_cache(cache)
+    assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == tokens.EXPECTED_SHA256
+    assert tokens.seed_tiktoken_cache(cache) == path  # kept as it is
+    # tiktoken's own loader, under the hook that fails on any network use (the test above shows it would).
+    env = {"PATH": "/usr/bin:/bin", "TIKTOKEN_CACHE_DIR": str(cache), "HOME": str(tmp_path)}
+    code = NO_NETWORK.replace(
+        "from trialtool.doors.cli import main\nsys.exit(main(sys.argv[1:]))",
+        "import tiktoken; print(tiktoken.get_encoding('o200k_base').encode('hello world'))",
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=60)
+    assert (done.returncode, done.stdout) == (0, b"[24912, 2375]\n"), done.stderr
+
+
 @pytest.mark.parametrize("how", ["env", "flag"])
 def test_bad_rank_file_fails_before_charging(trial: TrialFiles, tmp_path: Path, how: str) -> None:
     bad = tmp_path / "bad.tiktoken"
