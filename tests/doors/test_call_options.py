@@ -223,6 +223,9 @@ def test_json_prints_the_result_as_serve_does(trial: TrialFiles) -> None:
     error = json.loads(refused.stdout)["error"]
     assert error["data"] == {"kind": "BudgetExhausted", "exit_code": 123, "status": "maximum_tool_calls"}
     one_line(refused.stderr)
+    # So is a failure before the call reaches the trial.
+    unread = trial.call("cat", flags=("--json", "--stdin", str(trial.root / "missing")))
+    assert unread.returncode == 125 and json.loads(unread.stdout)["error"]["data"]["kind"] == "UsageError"
 
 
 def test_version_on_every_command(trial: TrialFiles) -> None:

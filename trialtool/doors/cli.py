@@ -111,6 +111,18 @@ def read_stdin(args: Arguments) -> bytes | None:
 
 
 def _call(args: Arguments, tool_argv: list[str]) -> int:
+    """One tool call; with --json, a failure is also one JSON error object on stdout."""
+    try:
+        return _run_call(args, tool_argv)
+    except TrialToolError as exc:
+        if args.json:
+            from . import userclient
+
+            userclient.write_json({"error": exc.as_json()})
+        raise
+
+
+def _run_call(args: Arguments, tool_argv: list[str]) -> int:
     """One tool call: fork the supervisor, reserve, run, deliver; the call's exit code."""
     if not tool_argv:
         msg = "no command after `--`"
@@ -142,26 +154,21 @@ def _call(args: Arguments, tool_argv: list[str]) -> int:
         from ..process.interrupts import InterruptWatch
         from ..trial import use_launcher
 
-        try:
-            trial = _trial(args)
-            use_launcher(trial, launcher)
-            env = dict(environment.parse_assignment(item) for item in args.env)
-            with InterruptWatch() as interrupt:
-                result = trial.run(
-                    tool_argv,
-                    cwd=args.cwd,
-                    env=env,
-                    unset_env=tuple(args.unset_env),
-                    clean_env=args.clean_env,
-                    interrupt=interrupt,
-                    timeout=args.timeout,
-                    input=stdin,
-                    merge_output=args.merge_output,
-                )
-        except TrialToolError as exc:
-            if args.json:
-                userclient.write_answer({"error_json": exc.as_json()}, as_json=True)
-            raise
+        trial = _trial(args)
+        use_launcher(trial, launcher)
+        env = dict(environment.parse_assignment(item) for item in args.env)
+        with InterruptWatch() as interrupt:
+            result = trial.run(
+                tool_argv,
+                cwd=args.cwd,
+                env=env,
+                unset_env=tuple(args.unset_env),
+                clean_env=args.clean_env,
+                interrupt=interrupt,
+                timeout=args.timeout,
+                input=stdin,
+                merge_output=args.merge_output,
+            )
     _keep_until_exit(trial)
     return userclient.write_answer({"exit": result.exit_code, "result": result.as_json()}, as_json=args.json)
 

@@ -359,6 +359,14 @@ def call(args: Arguments, command: list[str], stdin: bytes | None = None) -> int
     raise TrialToolError("the trial-tool server could not be reached")
 
 
+def write_json(shown: dict[str, Any]) -> None:
+    """One JSON object on stdout, a line (`run --json`)."""
+    import json
+
+    sys.stdout.buffer.write(json.dumps(shown, ensure_ascii=False).encode("utf-8") + b"\n")
+    sys.stdout.flush()
+
+
 def write_answer(answer: dict[str, Any], *, as_json: bool) -> int:
     """Write a call's answer as the CLI delivers it; its exit code.
 
@@ -368,22 +376,19 @@ def write_answer(answer: dict[str, Any], *, as_json: bool) -> int:
     locale. With `as_json`, stdout gets one JSON object, the result or
     `{"error": ...}`; an error's line still goes to stderr.
     """
-    if as_json:
-        import json
-
-        shown = answer["result"] if "result" in answer else {"error": answer["error_json"]}
-        sys.stdout.buffer.write(json.dumps(shown, ensure_ascii=False).encode("utf-8") + b"\n")
-        sys.stdout.flush()
     if "error" in answer:
+        if as_json:
+            write_json({"error": answer["error_json"]})
         sys.stderr.write(f"trial-tool: {answer['error']}\n")
         sys.stderr.flush()
         return int(answer["exit"])
-    if "result" not in answer:
-        return 0
-    if not as_json:
-        sys.stdout.buffer.write(answer["result"]["stdout"].encode("utf-8"))
+    result = answer["result"]
+    if as_json:
+        write_json(result)
+    else:
+        sys.stdout.buffer.write(result["stdout"].encode("utf-8"))
         sys.stdout.flush()
-        sys.stderr.buffer.write(answer["result"]["stderr"].encode("utf-8"))
+        sys.stderr.buffer.write(result["stderr"].encode("utf-8"))
         sys.stderr.flush()
     return int(answer["exit"])
 
@@ -400,4 +405,5 @@ __all__ = [
     "socket_path",
     "wanted",
     "write_answer",
+    "write_json",
 ]
