@@ -104,6 +104,7 @@ def test_each_sample_runs_in_a_trial_of_its_own(tmp_path: Path) -> None:
         assert (stored["calls"], stored["refused_calls"]) == (3, 1)
         assert stored["emitted_tokens"] == sum(r["delivered_emitted_tokens"] for r in records)
         assert account["budget"]["calls_used"] == 3 and account["budget"]["tokens_used"] == stored["emitted_tokens"]
+        assert account["budget"]["refused_calls"] == 1 and account["budget"]["exhausted"]
         assert account["limits"]["max_calls"] == 3
         assert verify(state, trial_log).ok
         spans.append((records[0]["started_at_utc"], records[2]["ended_at_utc"]))

@@ -51,7 +51,7 @@ from inspect_ai.util._sandbox.limits import verify_read_file_size
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..doors import agentview
-from ..errors import EXIT_INTERNAL, TrialToolError, UsageError
+from ..errors import EXIT_INTERNAL, BudgetExhausted, TrialToolError, UsageError
 from ..trial import Trial
 
 #: The key of the sample's metadata that holds the trial's account.
@@ -179,6 +179,10 @@ class TrialSandboxEnvironment(SandboxEnvironment):
                 merge_output=self.settings.merge_output,
             )
         except TrialToolError as exc:
+            if isinstance(exc, BudgetExhausted):
+                # The refusal is counted in the trial: the account says so too.
+                self.account["budget"] = (await asyncio.to_thread(self.trial.budget)).as_json()
+                self._publish()
             return ExecResult(False, exc.exit_code, "", agentview.refusal(exc))
         self.account["budget"] = result.budget.as_json()
         self._publish()
