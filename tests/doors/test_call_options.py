@@ -147,6 +147,13 @@ def test_merged_output_is_clipped_and_capped_as_one_stream(trial: TrialFiles) ->
     assert record["stdout_capture_truncated"] and not record["stderr_capture_truncated"]
 
 
+def test_merged_output_still_tells_a_missing_command(trial: TrialFiles) -> None:
+    # Sandboxed, bwrap says why a command never ran on the stream it was given: the one stream, here.
+    done = trial.call("no-such-command-trialtool", flags=("--merge-output",))
+    assert done.returncode == 127 and b"command not found" in done.stderr
+    assert trial.records()[0]["status"] == "command_error"
+
+
 def test_api_and_serve_merge_and_feed(trial: TrialFiles) -> None:
     code, responses, _ = session(
         trial,

@@ -195,7 +195,8 @@ def supervise(
         feed_w = -1  # the watch closes it
         report = watch.run(subreaper)
         if status_r >= 0:
-            report = _unwrapped(report, status_r, spools[1])
+            # bwrap says why a command never ran on its stderr: the one stream, when merged.
+            report = _unwrapped(report, status_r, spools[0] if spec.merge else spools[1])
         return {**base, **report}
     finally:
         if status_r >= 0:
