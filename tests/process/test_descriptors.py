@@ -52,6 +52,26 @@ def test_api_command_gets_exactly_stdio(trial: TrialFiles) -> None:
         assert api.run([COMMAND_PY, "-c", LISTER]).stdout == STDIO.decode()
 
 
+#: LISTER, then whether stdin is a pipe and whether stdout and stderr are the same pipe.
+PIPES = (
+    LISTER
+    + """
+import stat, sys
+same = os.fstat(1).st_ino == os.fstat(2).st_ino
+print(stat.S_ISFIFO(os.fstat(0).st_mode), same, sys.stdin.read())
+"""
+)
+
+
+def test_input_and_merged_output_add_no_descriptor(trial: TrialFiles, tmp_path: Path) -> None:
+    source = tmp_path / "input"
+    source.write_bytes(b"fed")
+    done = trial.call(COMMAND_PY, "-c", PIPES, flags=("--stdin", str(source)))
+    assert (done.returncode, done.stdout) == (0, STDIO + b"True False fed\n")
+    done = trial.call(COMMAND_PY, "-c", PIPES, flags=("--stdin", str(source), "--merge-output"))
+    assert (done.returncode, done.stdout) == (0, STDIO + b"True True fed\n")
+
+
 def test_serve_command_gets_exactly_stdio(trial: TrialFiles) -> None:
     request = json.dumps({"id": 1, "method": "run", "params": {"command": [COMMAND_PY, "-c", LISTER]}}).encode() + b"\n"
     argv = [PY, "-m", "trialtool", "serve", "--state", str(trial.state), "--log", str(trial.log)]

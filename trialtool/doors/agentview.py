@@ -36,12 +36,22 @@ def framing(result: CallResult) -> str:
 STDERR_LABEL = "[stderr]"
 
 
-def blocks(result: CallResult) -> list[str]:
-    """Non-empty delivered stdout, then non-empty delivered stderr after its label, then the framing."""
+def output_blocks(result: CallResult) -> list[str]:
+    """Non-empty delivered stdout, then non-empty delivered stderr after its label."""
     shown = [result.stdout] if result.stdout else []
     if result.stderr:
         shown += [STDERR_LABEL, result.stderr]
-    return [*shown, framing(result)]
+    return shown
+
+
+def blocks(result: CallResult) -> list[str]:
+    """The output blocks, then the framing."""
+    return [*output_blocks(result), framing(result)]
+
+
+def joined(texts: list[str]) -> str:
+    """Blocks as one string, each ending its own line (the last as it is)."""
+    return "".join(text if text.endswith("\n") or i == len(texts) - 1 else text + "\n" for i, text in enumerate(texts))
 
 
 def refusal(error: TrialToolError) -> str:
@@ -51,4 +61,4 @@ def refusal(error: TrialToolError) -> str:
     return f"[trial-tool: the call did not run: {error.message}]"
 
 
-__all__ = ["STDERR_LABEL", "blocks", "framing", "left", "refusal"]
+__all__ = ["STDERR_LABEL", "blocks", "framing", "joined", "left", "output_blocks", "refusal"]

@@ -38,25 +38,34 @@ KEY_ENV = "TRIALTOOL_LEDGER_KEY"
 EXIT_VERIFY_FAILED = 1
 
 
-def key_of(args: Arguments, environ: Any = os.environ) -> bytes | None:
-    """The ledger key from --key-file or the environment (`environ`, the caller's); at least 16 bytes."""
-    if args.key_file is not None:
-        from ..ledger.fsio import read_input
+def read_key_file(path: str, setting: str = "--key-file") -> bytes:
+    """The ledger key held in the file at `path` (a trailing newline dropped); at least 16 bytes.
 
-        try:
-            key = read_input(args.key_file).rstrip(b"\r\n")
-        except StorageError as exc:
-            msg = f"cannot read --key-file: {exc.message}"
-            raise UsageError(msg) from exc
-    else:
-        value = environ.get(KEY_ENV)
-        if not value:
-            return None
-        key = value.encode()
+    `setting` names where the path came from, for the message.
+    """
+    from ..ledger.fsio import read_input
+
+    try:
+        key = read_input(path).rstrip(b"\r\n")
+    except StorageError as exc:
+        msg = f"cannot read {setting}: {exc.message}"
+        raise UsageError(msg) from exc
+    return _checked_key(key)
+
+
+def _checked_key(key: bytes) -> bytes:
     if len(key) < 16:
         msg = "the ledger key must be at least 16 bytes"
         raise UsageError(msg)
     return key
+
+
+def key_of(args: Arguments, environ: Any = os.environ) -> bytes | None:
+    """The ledger key from --key-file or the environment (`environ`, the caller's); at least 16 bytes."""
+    if args.key_file is not None:
+        return read_key_file(args.key_file)
+    value = environ.get(KEY_ENV)
+    return _checked_key(value.encode()) if value else None
 
 
 def _trial(args: Arguments) -> Trial:
@@ -334,4 +343,4 @@ def entry() -> NoReturn:
     exit_after(main)
 
 
-__all__ = ["describe", "entry", "exit_after", "main"]
+__all__ = ["describe", "entry", "exit_after", "main", "read_key_file"]

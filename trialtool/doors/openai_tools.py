@@ -83,9 +83,7 @@ def tool_message(call_id: str, outcome: CallResult | str, *, parts: bool = False
     if parts:
         content: Any = [{"type": "text", "text": text} for text in texts]
     else:
-        content = "".join(
-            text if text.endswith("\n") or i == len(texts) - 1 else text + "\n" for i, text in enumerate(texts)
-        )
+        content = agentview.joined(texts)
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 

@@ -50,8 +50,11 @@ from inspect_ai.util._sandbox.environment import RootAccess, SandboxUserUnsuppor
 from inspect_ai.util._sandbox.limits import verify_read_file_size
 from pydantic import BaseModel, ConfigDict, Field
 
+from .. import budget
 from ..doors import agentview
+from ..doors.cli import read_key_file
 from ..errors import EXIT_INTERNAL, BudgetExhausted, TrialToolError, UsageError
+from ..ledger.state import TrialState
 from ..trial import Trial
 
 #: The key of the sample's metadata that holds the trial's account.
@@ -106,14 +109,13 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         epoch = 1 if state is None else state.epoch
         directory = _fresh(_root(settings, task_name) / f"{sample}-epoch{epoch}")
         workspace = directory / "workspace"
-        trial = await asyncio.to_thread(_create_trial, directory, workspace, settings)
-        pinned = (await asyncio.to_thread(trial.status)).limits
+        trial, created = await asyncio.to_thread(_create_trial, directory, workspace, settings)
         account = {
             "state": str(directory / "state.json"),
             "log": str(directory / "log.jsonl"),
             "workspace": str(workspace),
-            "limits": pinned._asdict(),
-            "budget": (await asyncio.to_thread(trial.budget)).as_json(),
+            "limits": created.limits._asdict(),
+            "budget": budget.of(created).as_json(),
         }
         environment = cls(trial, workspace, settings, account)
         # inspect probes each sandbox for root at sample init with an exec, unless the sandbox
@@ -297,11 +299,10 @@ def _fresh(directory: Path) -> Path:
             candidate = directory.with_name(f"{directory.name}-{attempt}")
 
 
-def _create_trial(directory: Path, workspace: Path, settings: TrialSandboxConfig) -> Trial:
+def _create_trial(directory: Path, workspace: Path, settings: TrialSandboxConfig) -> tuple[Trial, TrialState]:
+    """The sample's trial, created with its limits pinned, and its state as created."""
     workspace.mkdir()
-    key = None
-    if settings.key_file is not None:
-        key = Path(settings.key_file).read_bytes().rstrip(b"\r\n")
+    key = None if settings.key_file is None else read_key_file(settings.key_file, "key_file")
     trial = Trial(
         directory / "state.json",
         directory / "log.jsonl",
@@ -310,8 +311,7 @@ def _create_trial(directory: Path, workspace: Path, settings: TrialSandboxConfig
         hidden_files=[settings.key_file] if settings.key_file else [],
         origin=workspace,
     )
-    trial.init()
-    return trial
+    return trial, trial.init()
 
 
 def _safe(name: str) -> str:

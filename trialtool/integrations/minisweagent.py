@@ -27,6 +27,7 @@ from minisweagent.exceptions import LimitsExceeded, TimeExceeded
 from pydantic import Field
 
 from ..doors import agentview
+from ..doors.cli import read_key_file
 from ..errors import BudgetExhausted, TrialToolError
 from ..trial import Trial
 
@@ -52,10 +53,7 @@ class TrialEnvironment(LocalEnvironment):
 
     def __init__(self, *, config_class: type = TrialEnvironmentConfig, **kwargs: Any) -> None:
         super().__init__(config_class=config_class, **kwargs)
-        key = None
-        if self.config.key_file is not None:
-            with open(self.config.key_file, "rb") as source:
-                key = source.read().rstrip(b"\r\n")
+        key = None if self.config.key_file is None else read_key_file(self.config.key_file, "key_file")
         self.trial = Trial(
             self.config.state,
             self.config.log,
@@ -86,12 +84,8 @@ class TrialEnvironment(LocalEnvironment):
             return self._not_run(exc)
         except TrialToolError as exc:
             return self._not_run(exc)
-        output = result.stdout
-        if result.stderr:
-            output += ("" if not output or output.endswith("\n") else "\n") + agentview.STDERR_LABEL + "\n"
-            output += result.stderr
         observation = {
-            "output": output,
+            "output": agentview.joined(agentview.output_blocks(result)),
             "returncode": result.exit_code,
             "exception_info": "" if result.status not in _STOPPED else agentview.framing(result),
             "extra": {"trial_tool": _account(result.as_json())},

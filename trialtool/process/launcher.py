@@ -155,9 +155,10 @@ class Launcher:
             "merge_output": merge_output,
         }
         # The input follows the orders' line as it is: no base64, no JSON escaping of a megabyte.
-        message = json.dumps(orders).encode() + b"\n"
         try:
-            write_all(self._control_w, message if not stdin else message + stdin)
+            write_all(self._control_w, json.dumps(orders).encode() + b"\n")
+            if stdin:
+                write_all(self._control_w, stdin)
         except BrokenPipeError:
             pass  # the supervisor is gone: its result (or its absence) says why
         result = self._wait(interrupt_fd)
