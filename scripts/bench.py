@@ -34,6 +34,8 @@ from pathlib import Path
 TARGET_NO_OUTPUT_MS = 80.0
 TARGET_WARM_MS = {"API": 5.0, "serve": 10.0, "MCP": 20.0}
 TARGET_SANDBOX_WARM_MS = 15.0
+#: What the sandbox's identity checks and the server's peer check may each add to a warm call (ms).
+TARGET_TRUST_MS = 1.0
 #: The graders' view over 10 000 trials of 12 calls: seconds and MB (all processes of the command together).
 TARGET_REPORT = (20.0, 500.0)
 TARGET_EXPORT_S = 20.0
@@ -63,6 +65,39 @@ with Trial(root / "n.json", root / "n.jsonl", limits={**limits, "sandbox": "none
             for trial in (none, boxed):
                 t = time.perf_counter(); trial.run(argv); times[id(trial)].append(time.perf_counter() - t)
         out[" ".join(argv)] = [statistics.median(times[id(none)]), statistics.median(times[id(boxed)])]
+print(json.dumps(out))
+"""
+
+# Runs in a fresh interpreter: what keeping the sandbox shut costs a warm call, each part alone,
+# on the trial-tool side of the sandbox (median seconds). Prints JSON.
+_TRUST = r"""
+import json, os, socket, statistics, sys, tempfile, time
+from pathlib import Path
+from trialtool import Trial
+from trialtool.doors import userclient, userserver, world
+runs = int(sys.argv[1])
+root = Path(tempfile.mkdtemp())
+(root / "ws").mkdir()
+out = {}
+def median(step, n=runs * 10):
+    for _ in range(5):
+        step()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
+    return statistics.median(times)
+with Trial(root / "b.json", root / "b.jsonl", limits={"sandbox": "bwrap", "workspace": str(root / "ws")}) as trial:
+    trial.run(["true"])
+    state = trial.status()
+    plan = trial._plan(state.sandbox)
+    check = lambda: plan.check(str(root / "ws"), state.trial_id)
+    out["identity checks (bwrap, pins, own files, layout)"] = median(check)
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(str(root / "s.sock")); listener.listen(8)
+client = socket.socket(socket.AF_UNIX); client.connect(str(root / "s.sock"))
+conn, _ = listener.accept()
+out["peer check (server, a call)"] = median(lambda: userserver._foreign(conn, os.getpid()))
+out["world in the socket name (client, a call)"] = median(userclient.identity)
 print(json.dumps(out))
 """
 
@@ -323,7 +358,7 @@ def option_figures(python: str, runs: int) -> None:
 
 def sandbox_unavailable() -> str | None:
     """Why bwrap cannot make a sandbox here, or None when it can."""
-    from trialtool import sandbox
+    from trialtool.process import sandbox
 
     return sandbox.unavailable()
 
@@ -363,6 +398,19 @@ def sandbox_figures(tool: str, work: Path, python: str, runs: int) -> None:
             f"  {label:<26}{none * 1000:>8.1f}{boxed * 1000:>8.1f}{added:>8.1f}{boxed / none:>7.2f}x"
             f"  {verdict} {TARGET_SANDBOX_WARM_MS:.0f}"
         )
+
+
+def trust_figures(python: str, runs: int) -> None:
+    """What a warm call pays for the sandbox's pins and the server's peer check, each alone."""
+    print("\nkeeping the sandbox shut, per call, warm, median ms:")
+    reason = sandbox_unavailable()
+    if reason is not None:
+        print(f"  not measured: {reason}")
+        return
+    done = subprocess.run([python, "-c", _TRUST, str(runs)], capture_output=True, text=True, check=True)
+    for case, seconds in json.loads(done.stdout).items():
+        verdict = "meets" if seconds * 1000 <= TARGET_TRUST_MS else "MISSES"
+        print(f"  {case:<52}{seconds * 1000:>8.3f}  {verdict} {TARGET_TRUST_MS:.0f}")
 
 
 def server_figures(tool: str, work: Path, python: str, runs: int) -> None:
@@ -597,6 +645,7 @@ def main() -> int:
     memory_figures(tool, work, python)
     stopping(tool, work, python, no_output)
     sandbox_figures(tool, work, python, args.runs)
+    trust_figures(python, args.runs)
     server_figures(tool, work, python, args.runs)
     ledger_figures(tool, work, python)
     print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")

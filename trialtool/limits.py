@@ -8,10 +8,11 @@ from typing import Any, NamedTuple
 from .errors import LimitMismatch, UsageError
 from .osio import plain
 
-#: Settings that travel with the limits but are the sandbox's (sandbox.py), each a flag; and
-#: `origin`, the directory a trial is created from (the default workspace), which is not.
+#: Settings that travel with the limits but are the sandbox's (sandbox.py), each a flag; and two
+#: that are not flags: `origin`, the directory a trial is created from (the default workspace),
+#: and `search_path`, the caller's PATH, where the sandbox's executable is looked for then.
 SANDBOX_SETTINGS = ("sandbox", "network", "workspace", "writable")
-NOT_LIMITS = (*SANDBOX_SETTINGS, "origin")
+NOT_LIMITS = (*SANDBOX_SETTINGS, "origin", "search_path")
 
 CLIP_MODES = ("headtail", "head")
 

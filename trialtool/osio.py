@@ -31,6 +31,40 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+#: glibc's fallocate(2), bound on first use; None where there is none (not Linux).
+_FALLOCATE: list[Any] = []
+#: fallocate's mode: allocate blocks beyond the end without changing the file's size.
+_FALLOC_FL_KEEP_SIZE = 1
+
+
+def reserve(fd: int, offset: int, size: int) -> None:
+    """Allocate `size` bytes of `fd` from `offset` without changing its size; OSError (ENOSPC) if there is no room.
+
+    Writes there later need no new blocks, however full the disk is by then.
+    A filesystem that cannot allocate ahead (or a system without fallocate)
+    reserves nothing, silently: docs/sandbox.md names the usual ones.
+    os.posix_fallocate would change the file's size, which a log and a spool must keep.
+    """
+    if not _FALLOCATE:
+        try:
+            import ctypes
+
+            function = ctypes.CDLL(None, use_errno=True).fallocate
+            function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            _FALLOCATE.append(function)
+        except (OSError, AttributeError, ImportError):
+            _FALLOCATE.append(None)
+    function = _FALLOCATE[0]
+    if function is None or size <= 0 or function(fd, _FALLOC_FL_KEEP_SIZE, offset, size) == 0:
+        return
+    import ctypes
+    import errno
+
+    number = ctypes.get_errno()
+    if number not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        raise OSError(number, os.strerror(number))
+
+
 def ensure_directory(directory: str) -> None:
     """Create `directory` and its parents if missing; StorageError naming it if that fails."""
     try:
@@ -131,6 +165,7 @@ __all__ = [
     "plain",
     "prctl",
     "require_directory",
+    "reserve",
     "shown",
     "write_all",
 ]

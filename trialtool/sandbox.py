@@ -1,23 +1,27 @@
-"""The trial's sandbox: what its commands may see, write and reach, pinned when the trial is created.
+"""The trial's sandbox settings: what its commands may see, write and reach, pinned when the trial is created.
 
 The settings travel with the limits (the same overrides from every door) under
 four names: `sandbox` (none, bwrap, auto), `network` (none, host), `workspace`
 (the directory the command may write) and `writable` (more paths it may
-write). `pin` resolves them once, at creation: "auto" becomes bwrap where a
-tiny sandboxed command runs on this machine and none where it does not, and
-paths become canonical (symlinks resolved). The state keeps the result;
-`check_pinned` refuses a later use that asks for something else. How one call
-is then wrapped in bubblewrap is process/bwrap.py's.
+write). `pin` resolves them once, at creation, into what the state keeps:
 
-Also here, because creating a trial needs it: whether bwrap can run on this
-machine at all (`unavailable`). Nothing runs at import or when pinned settings
-are checked; the CLI reads this module on every call.
+- "auto" becomes bwrap where a tiny sandboxed command runs on this machine, and
+  none where it does not, with bwrap's own words for why (`fallback`);
+- the bwrap executable is pinned by absolute path and identity (`binary`),
+  never looked up on PATH again;
+- the workspace and writable paths become canonical, and are pinned by
+  identity (`pins`: device and inode), so that a path a command renamed or
+  replaced by a symlink is refused rather than followed.
+
+`check_pinned` refuses a later use that asks for something else. Whether bwrap
+can run here, and how a call is wrapped, are the process room's sandbox seam
+(process/sandbox/): `pin` is handed its answer, and imports nothing of it.
 """
 
 from __future__ import annotations
 
 import os
-import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .errors import LimitMismatch, SandboxError, UsageError
@@ -32,6 +36,24 @@ SETTINGS = NOT_LIMITS
 FLAG_OF = {"sandbox": "--sandbox", "network": "--network", "workspace": "--workspace", "writable": "--writable"}
 
 
+class Pin(NamedTuple):
+    """A path as it was when the trial was created: on each call it must still be this very file."""
+
+    path: str
+    device: int
+    inode: int
+
+
+class Binary(NamedTuple):
+    """The sandbox's executable, pinned: a call runs it only while it is still this file, unchanged."""
+
+    path: str
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+
 class Sandbox(NamedTuple):
     """A trial's pinned sandbox. Paths are canonical; `workspace` and `writable` mean nothing under mode none."""
 
@@ -40,6 +62,12 @@ class Sandbox(NamedTuple):
     network: str = "host"
     workspace: str | None = None
     writable: tuple[str, ...] = ()
+    #: The bwrap executable (mode bwrap).
+    binary: Binary | None = None
+    #: The workspace and writable paths by identity (mode bwrap).
+    pins: tuple[Pin, ...] = ()
+    #: Why "auto" resolved to none, in the sandbox's own words (None otherwise).
+    fallback: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -47,124 +75,22 @@ class Sandbox(NamedTuple):
             "network": self.network,
             "workspace": self.workspace,
             "writable": list(self.writable),
+            "binary": None if self.binary is None else self.binary._asdict(),
+            "pins": [pin._asdict() for pin in self.pins],
+            "fallback": self.fallback,
         }
+
+    @property
+    def roots(self) -> tuple[str, ...]:
+        """Every path the command may write, shortest first."""
+        return tuple(sorted({path for path in (self.workspace, *self.writable) if path is not None}, key=len))
 
 
 #: What a trial created before sandboxes existed holds: nothing.
 UNSANDBOXED = Sandbox()
 
-
-#: Namespaces, privileges and lifetime: the same for every call and for the probe.
-ISOLATION = (
-    "--unshare-all",
-    "--unshare-user",
-    "--disable-userns",
-    "--die-with-parent",
-    "--new-session",
-    "--cap-drop",
-    "ALL",
-)
-#: The answer of `unavailable`, once known; a probe started and not yet collected.
-_UNAVAILABLE: list[str | None] = []
-_PENDING: list[tuple[int, int, str]] = []
-_GUARD = threading.Lock()
-
-
-def program() -> str | None:
-    """The bwrap executable: on trial-tool's PATH, else /usr/bin/bwrap; None if there is none."""
-    for directory in [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin"]:
-        candidate = os.path.join(directory or ".", "bwrap")
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return os.path.abspath(candidate)
-    return None
-
-
-def unavailable() -> str | None:
-    """Why the bwrap sandbox cannot run here, or None when it can; checked once per process.
-
-    The check runs `true` in a sandbox made as a call's is (5-10 ms): bwrap can be
-    installed and still be refused the namespaces it needs (user namespaces
-    disabled, a container without them). `start_probe` starts it ahead.
-    """
-    with _GUARD:
-        if not _UNAVAILABLE:
-            if not _PENDING:
-                _start()
-            _UNAVAILABLE.append(_collect())
-        return _UNAVAILABLE[0]
-
-
-def start_probe() -> None:
-    """Start the check of `unavailable` now, in the background, so that its answer is ready when needed.
-
-    A call starts it before it reserves: the probe's 5-10 ms then overlap the
-    ledger's work instead of adding to it. A no-op once started, or without bwrap.
-    """
-    with _GUARD:
-        if not _UNAVAILABLE and not _PENDING and program() is not None:
-            _start()
-
-
-def settle(*, block: bool) -> None:
-    """Reap a probe started ahead and keep its answer: waiting for it if `block`, else only if it is done.
-
-    For a process whose trial turned out unsandboxed, so that no probe is left a zombie.
-    """
-    with _GUARD:
-        if not _PENDING:
-            return
-        pid = _PENDING[0][0]
-        if not block and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-            return
-        _UNAVAILABLE.append(_collect())
-
-
-def _start() -> None:
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        _UNAVAILABLE.append("bubblewrap runs on Linux only")
-        return
-    path = program()
-    if path is None:
-        _UNAVAILABLE.append("bubblewrap is not installed (apt-get install bubblewrap, dnf install bubblewrap)")
-        return
-    argv = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *ISOLATION, "--", "true"]
-    err_r, err_w = os.pipe()
-    try:
-        pid = os.posix_spawn(
-            path,
-            argv,
-            os.environ,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_DUP2, err_w, 2),
-            ],
-        )
-    except OSError as exc:
-        os.close(err_r)
-        _UNAVAILABLE.append(f"{path} cannot be executed: {exc.strerror}")
-        return
-    finally:
-        os.close(err_w)
-    _PENDING.append((pid, err_r, path))
-
-
-def _collect() -> str | None:
-    """The started probe's answer (or the reason it could not start)."""
-    if _UNAVAILABLE:
-        return _UNAVAILABLE.pop()
-    pid, err_r, path = _PENDING.pop()
-    with os.fdopen(err_r, "rb") as stream:
-        said = stream.read(4096)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if code == 0:
-        return None
-    lines = said.decode("utf-8", "replace").strip().splitlines()
-    why = lines[-1] if lines else f"{path} exited with status {code}"
-    return f"bubblewrap cannot make a sandbox here ({why}); are user namespaces disabled? see docs/sandbox.md"
+#: Given the paths a command could write and the PATH to search, the bwrap executable to pin, or why none.
+Available = Callable[[tuple[str, ...], "str | None"], "tuple[Binary | None, str | None]"]
 
 
 def split(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -228,29 +154,42 @@ def _paths(settings: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     return workspace, writable
 
 
-def pin(settings: dict[str, Any]) -> Sandbox:
-    """The sandbox a new trial pins: "auto" resolved on this machine, paths canonical.
+def pin(settings: dict[str, Any], available: Available | None) -> Sandbox:
+    """The sandbox a new trial pins: "auto" resolved on this machine, the executable and paths pinned.
 
-    SandboxError when bwrap is asked for (or network "none", which needs it) and
-    cannot run here.
+    `available` (the seam's, process/sandbox/) says which bwrap to pin, or why none
+    can run here. SandboxError when bwrap is asked for (or network "none", which
+    needs it) and cannot run here.
     """
     settings = _checked(settings)
     workspace, writable = _paths(settings)
     mode = settings.get("sandbox") or "auto"
+    binary: Binary | None = None
+    fallback: str | None = None
     if mode != "none":
-        reason = unavailable()  # runs a tiny sandbox: only now, when a trial is created
-        if reason is None:
+        roots = tuple(sorted({workspace, *writable}, key=len))
+        # Runs a tiny sandbox: only now, when a trial is created.
+        search = settings.get("search_path")
+        binary, reason = (None, "no sandbox backend was given") if available is None else available(roots, search)
+        if binary is not None:
             mode = "bwrap"
         elif mode == "bwrap" or settings.get("network") == "none":
             asked = "--sandbox bwrap" if mode == "bwrap" else "--network none"
             raise SandboxError(f"{asked} needs the bwrap sandbox: {reason}")
         else:
-            mode = "none"
+            mode, fallback = "none", reason
     if mode == "none":
         if settings.get("network") == "none":
             raise UsageError("--network none needs a sandbox; it cannot hold with --sandbox none")
-        return Sandbox("none", "host", workspace, writable)
-    return Sandbox("bwrap", settings.get("network") or "none", workspace, writable)
+        return Sandbox("none", "host", workspace, writable, fallback=fallback)
+    pins = tuple(identity(path) for path in (workspace, *writable))
+    return Sandbox("bwrap", settings.get("network") or "none", workspace, writable, binary, pins)
+
+
+def identity(path: str) -> Pin:
+    """`path` (canonical) pinned by its device and inode."""
+    info = os.stat(path)
+    return Pin(path, info.st_dev, info.st_ino)
 
 
 def check_pinned(pinned: Sandbox, settings: dict[str, Any]) -> None:
@@ -277,11 +216,15 @@ def _mismatch(name: str, wanted: Any, pinned: Any) -> None:
     raise LimitMismatch(msg)
 
 
+#: The fields every stored sandbox has; the others came later and may be missing.
+_FIRST_FIELDS = frozenset({"mode", "network", "workspace", "writable"})
+
+
 def from_state(data: Any) -> Sandbox:
     """The pinned sandbox as stored in a state file; ValueError if it is malformed."""
     if data is None:
         return UNSANDBOXED
-    if not isinstance(data, dict) or set(data) != set(Sandbox._fields):
+    if not isinstance(data, dict) or not _FIRST_FIELDS <= set(data) <= set(Sandbox._fields):
         raise ValueError("the sandbox is malformed")
     writable = data["writable"]
     workspace = data["workspace"]
@@ -291,22 +234,35 @@ def from_state(data: Any) -> Sandbox:
         or (data["mode"] == "bwrap" and not isinstance(workspace, str))
         or not isinstance(writable, list)
         or not all(isinstance(path, str) for path in writable)
+        or not isinstance(data.get("fallback"), str | None)
     ):
         raise ValueError("the sandbox is malformed")
-    return Sandbox(data["mode"], data["network"], workspace, tuple(writable))
+    try:
+        binary = None if data.get("binary") is None else Binary(**data["binary"])
+        pins = tuple(Pin(**pin) for pin in data.get("pins") or ())
+    except TypeError as exc:
+        raise ValueError("the sandbox is malformed") from exc
+    if (binary is not None and not _typed(binary, str, int)) or not all(_typed(pin, str, int) for pin in pins):
+        raise ValueError("the sandbox is malformed")
+    return Sandbox(data["mode"], data["network"], workspace, tuple(writable), binary, pins, data.get("fallback"))
+
+
+def _typed(row: tuple[Any, ...], first: type, rest: type) -> bool:
+    return isinstance(row[0], first) and all(isinstance(v, rest) and not isinstance(v, bool) for v in row[1:])
 
 
 __all__ = [
-    "ISOLATION",
     "MODES",
     "NETWORKS",
     "SETTINGS",
     "UNSANDBOXED",
+    "Available",
+    "Binary",
+    "Pin",
     "Sandbox",
     "check_pinned",
     "from_state",
+    "identity",
     "pin",
-    "program",
     "split",
-    "unavailable",
 ]

@@ -17,21 +17,22 @@ from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
-from . import budget, sandbox, tokens, verdict
+from . import budget, tokens, verdict
 from .budget import Budget
 from .callresult import CallResult, Interrupt, checked_input, checked_request, command_argv
 from .delivery import deliver
-from .errors import Interrupted, StateError, TrialToolError, UsageError
+from .errors import Interrupted, StateError, StorageError, TrialToolError, UsageError
 from .ledger import clock, fsio, liveness, records
 from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .ledger.state import TrialState
 from .limits import from_overrides
+from .osio import reserve
 from .process import environment
-from .process.bwrap import Plan
+from .process import sandbox as seam
 from .process.forkserver import ForkServer
 from .process.launcher import Launcher
 from .process.outcome import Outcome
-from .sandbox import Sandbox
+from .sandbox import Pin, Sandbox
 
 Command = list[str] | tuple[str, ...] | str
 
@@ -82,10 +83,17 @@ class Trial:
         origin: str | os.PathLike[str] | None = None,
         fork_server: ForkServer | None = None,
     ) -> None:
-        self.ledger = Ledger(state_path, log_path, lock_timeout=lock_timeout, key=key, stop_leftovers=stop_leftovers)
+        self.ledger = Ledger(
+            state_path,
+            log_path,
+            lock_timeout=lock_timeout,
+            key=key,
+            stop_leftovers=stop_leftovers,
+            sandbox_available=seam.available,
+        )
         #: Files a sandboxed command must not reach besides the state, log and lock (a key file).
         self.hidden_files = [os.fspath(path) for path in hidden_files]
-        self._plans: dict[Sandbox, Plan] = {}
+        self._plans: dict[Sandbox, seam.Plan] = {}
         self.overrides = dict(limits or {})
         if origin is not None:
             # Where the trial is created from when its caller is elsewhere (the per-user server).
@@ -111,7 +119,6 @@ class Trial:
             server, self._forkserver = self._forkserver, None
         if server is not None:
             server.close()
-        sandbox.settle(block=True)
 
     def init(self) -> TrialState:
         """Create the trial (and its missing directories) and pin its limits; an existing one is fine if they match."""
@@ -165,13 +172,14 @@ class Trial:
 
         return await asyncio.to_thread(self.budget)
 
-    def _plan(self, sandbox: Sandbox) -> Plan:
+    def _plan(self, sandbox: Sandbox) -> seam.Plan:
         """The trial's sandbox plan (where its files are hidden), made once per pinned sandbox."""
         plan = self._plans.get(sandbox)
         if plan is None:
             path = self.ledger.state_path
             files = [path, self.ledger.log_path, path + ".lock", *self.hidden_files]
-            plan = self._plans[sandbox] = Plan(sandbox, path, files)
+            rank = None if self._rank_file is None else os.fspath(self._rank_file)
+            plan = self._plans[sandbox] = seam.Plan(sandbox, path, files, rank or self._rank_path)
         return plan
 
     def _check_rank_file(self, state: TrialState) -> None:
@@ -234,6 +242,7 @@ class Trial:
                 timeout,
                 interrupt,
                 launcher,
+                environ,
                 cwd=cwd,
                 env=command_env,
                 umask=umask,
@@ -262,15 +271,21 @@ class Trial:
             return self._forkserver
 
     def _reserve_and_run(
-        self, argv: list[str], timeout: float | None, interrupt: Interrupt | None, launcher: Launcher, **spawn: Any
+        self,
+        argv: list[str],
+        timeout: float | None,
+        interrupt: Interrupt | None,
+        launcher: Launcher,
+        environ: Mapping[str, str] | None,
+        **spawn: Any,
     ) -> tuple[Outcome, Reservation, float]:
         def cancelled() -> None:
             if interrupt is not None and interrupt.signum is not None:
                 msg = f"{interrupt.reason} before the call started; nothing ran and nothing is charged"
                 raise Interrupted(msg, interrupt.signum)
 
-        #: The sandbox plan and the trial's /tmp, when the trial is sandboxed.
-        sandboxed: list[tuple[Plan, str]] = []
+        #: The sandbox plan, the trial's /tmp and what the call keeps from the command, when sandboxed.
+        sandboxed: list[tuple[seam.Plan, Pin, seam.Layout]] = []
 
         def preflight(state: TrialState) -> None:
             stdin = spawn["stdin"]
@@ -281,23 +296,24 @@ class Trial:
                 )
                 raise UsageError(msg)
             self._check_rank_file(state)
+            _reserve_spools(launcher, state.limits.max_capture_bytes)
             sandboxed.clear()
-            if state.sandbox.mode == "none":
-                sandbox.settle(block=False)
-            else:
+            if state.sandbox.mode != "none":
                 plan = self._plan(state.sandbox)
-                tmp_dir = plan.check(spawn["cwd"] or os.getcwd(), state.trial_id)
+                tmp, hide = plan.check(spawn["cwd"] or os.getcwd(), state.trial_id, environ)
                 # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
                 fsio.touch(self.ledger.log_path)
-                sandboxed.append((plan, tmp_dir))
+                sandboxed.append((plan, tmp, hide))
 
         def one_at_a_time(state: TrialState) -> bool:
             return state.sandbox.mode != "none" and self._plan(state.sandbox).layout.exposed
 
-        if self.overrides.get("sandbox") != "none":
-            sandbox.start_probe()  # its few ms overlap the reservation (sandbox.py)
+        overrides = self.overrides
+        if environ is not None:
+            # The caller's PATH, where a trial created now finds its sandbox (the per-user server's callers).
+            overrides = {**overrides, "search_path": environ.get("PATH", "")}
         reservation = self.ledger.reserve(
-            self.overrides,
+            overrides,
             argv,
             preflight=preflight,
             supervisor=launcher.pid,
@@ -310,10 +326,12 @@ class Trial:
         started = time.monotonic()
         deadline = started + reservation.run_seconds
         try:
-            run_argv = argv
+            run_argv, binds = argv, []
             if sandboxed:
-                plan, tmp_dir = sandboxed[0]
-                run_argv = plan.wrap(argv, spawn["cwd"] or os.getcwd(), tmp_dir, reservation.limits.max_open_files)
+                plan, tmp, hide = sandboxed[0]
+                cwd = spawn["cwd"] or os.getcwd()
+                run_argv, pinned = plan.wrap(argv, cwd, tmp, hide, reservation.limits.max_open_files)
+                binds = [(index, *pin) for index, pin in pinned]
             outcome = launcher.run(
                 run_argv,
                 started=started,
@@ -321,6 +339,7 @@ class Trial:
                 limits=reservation.limits,
                 interrupt_fd=None if interrupt is None else interrupt.fd,
                 sandboxed=bool(sandboxed),
+                binds=binds,
                 **spawn,
             )
         except TrialToolError as exc:
@@ -406,6 +425,17 @@ class Trial:
             record=record,
             budget=budget.of(state),
         )
+
+
+def _reserve_spools(launcher: Launcher, capture_bytes: int) -> None:
+    """Room for each stream's capture, taken before the call is charged: a command that
+    fills the disk its spools are on cannot then cut its own capture short."""
+    for fd in launcher.spools or ():
+        try:
+            reserve(fd, 0, capture_bytes)
+        except OSError as exc:
+            msg = f"cannot reserve {capture_bytes} bytes for the call's output beside the state: {exc.strerror}"
+            raise StorageError(msg) from exc
 
 
 def use_launcher(trial: Trial, launcher: Launcher) -> None:

@@ -296,3 +296,19 @@ def test_another_users_process_gets_no_answer(trial: TrialFiles, monkeypatch: py
     finally:
         stop_servers(servers)
         shutil.rmtree(work)
+
+
+def test_python_and_python3_of_one_installation_reach_one_server(trial: TrialFiles, servers: Path) -> None:
+    names = [Path(sys.executable).parent / name for name in ("python", "python3")]
+    pythons = [str(path) for path in names if path.exists()]
+    if len(pythons) < 2 or len({os.path.realpath(path) for path in pythons}) != 1:
+        pytest.skip(f"needs python and python3 naming one interpreter beside {sys.executable}")
+    argv = ["--state", str(trial.state), "--log", str(trial.log), "--sandbox", "none", "--", "true"]
+    for python in pythons:
+        started = subprocess.run([python, "-m", "trialtool", *argv], capture_output=True, timeout=60)
+        assert started.returncode == 0, started.stderr
+    pids = {
+        json.loads(subprocess.run([python, "-m", "trialtool", "server", "status"], capture_output=True).stdout)["pid"]
+        for python in pythons
+    }
+    assert len(pids) == 1 and server_pids(servers) == list(pids)

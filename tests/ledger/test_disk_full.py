@@ -23,12 +23,12 @@ from trialtool.ledger.verify import verify
 PAGE = 4096
 
 
-@pytest.fixture
-def small_disk() -> Iterator[Path]:
-    """A 256 KiB tmpfs of its own, so that filling it endangers nothing else."""
-    mount_point = Path(tempfile.mkdtemp(prefix="trialtool-full-"))
+@contextlib.contextmanager
+def _tmpfs(size: str, prefix: str) -> Iterator[Path]:
+    """A tmpfs of `size` of its own, so that filling it endangers nothing else; skipped where none can be mounted."""
+    mount_point = Path(tempfile.mkdtemp(prefix=prefix))
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k,mode=700", "tmpfs", str(mount_point)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=700", "tmpfs", str(mount_point)], capture_output=True
     )
     if done.returncode != 0:
         mount_point.rmdir()
@@ -38,6 +38,13 @@ def small_disk() -> Iterator[Path]:
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
         mount_point.rmdir()
+
+
+@pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A 256 KiB tmpfs."""
+    with _tmpfs("256k", "trialtool-full-") as mount_point:
+        yield mount_point
 
 
 def fill(mount_point: Path, leave: int) -> Path:
@@ -55,7 +62,9 @@ def test_a_full_disk_at_each_write_charges_only_what_was_delivered(small_disk: P
     files = TrialFiles(small_disk)
     delivered: list[tuple[str, int]] = []
     failures: list[TrialToolError] = []
-    with Trial(files.state, files.log, limits={"max_calls": 1000, "max_call_tokens": 3000}) as api:
+    # A capture cap this disk can hold: each call reserves room for its capture and record (ledger.py).
+    limits = {"max_calls": 1000, "max_call_tokens": 3000, "max_capture_bytes": 8192}
+    with Trial(files.state, files.log, limits=limits) as api:
         api.run(["echo", "warm"])  # the trial exists and the encoder is built
         delivered.append(("warm\n", 2))
         for leave in range(0, 6 * PAGE, PAGE):
@@ -92,7 +101,7 @@ def test_a_full_disk_at_each_write_charges_only_what_was_delivered(small_disk: P
 @pytest.mark.timeout(120)
 def test_the_cli_on_a_full_disk_says_one_line_and_changes_nothing(small_disk: Path) -> None:
     files = TrialFiles(small_disk)
-    assert files.call("echo", "first").returncode == 0
+    assert files.call("echo", "first", flags=("--max-capture-bytes", "8192")).returncode == 0
     before = files.snapshot()
     filler = fill(small_disk, 0)
     try:
@@ -104,3 +113,41 @@ def test_the_cli_on_a_full_disk_says_one_line_and_changes_nothing(small_disk: Pa
     after = files.snapshot()
     after.pop("filler", None)
     assert after == before  # nothing was charged: the reservation's own write is what failed
+
+
+@pytest.fixture
+def one_mib_disk() -> Iterator[Path]:
+    """A 1 MiB tmpfs, for a trial and its workspace together."""
+    with _tmpfs("1m", "trialtool-fill-") as mount_point:
+        yield mount_point
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sandbox", ["none", "bwrap"])
+def test_a_command_that_fills_the_disk_still_gets_its_call_recorded(one_mib_disk: Path, sandbox: str) -> None:
+    from trialtool.process import sandbox as seam
+
+    if sandbox == "bwrap" and seam.unavailable() is not None:
+        pytest.skip(f"the bwrap sandbox cannot run here: {seam.unavailable()}")
+    workspace = one_mib_disk / "ws"
+    workspace.mkdir()
+    files = TrialFiles(one_mib_disk)
+    limits = {"sandbox": sandbox, "workspace": str(workspace), "max_capture_bytes": 16384}
+    # The workspace and (sandboxed) the trial's own /tmp share the disk with the state and log;
+    # unsandboxed, /tmp is the machine's, which no test fills.
+    tmp_fill = "cat /dev/zero > /tmp/fill; " if sandbox == "bwrap" else ""
+    fill = f"cat /dev/zero > ws-fill; {tmp_fill}cat /dev/zero > ws-fill-2; echo filled"
+    with Trial(files.state, files.log, limits=limits) as api:
+        result = api.run(["sh", "-c", fill], cwd=workspace)
+        assert result.status == "ok" and result.stdout.endswith("filled\n"), result
+        assert "No space left on device" in result.stderr  # the disk really was full
+        records = strict_records(files.log)
+        assert [record["status"] for record in records] == ["ok"]
+        assert records[0]["stdout_b64"]
+        # Room again: the next call mends the state, and the trial is whole.
+        for name in ("ws-fill", "ws-fill-2"):
+            (workspace / name).unlink()
+        for leftover in one_mib_disk.glob(".state.json.sandbox-tmp-*/fill"):
+            leftover.unlink()
+        assert api.run(["true"], cwd=workspace).status == "ok"
+    assert verify(str(files.state), str(files.log)).ok

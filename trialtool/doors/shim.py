@@ -33,7 +33,7 @@ SHELLS = ("sh", "bash")
 _TEMPLATE = """#!/bin/sh
 # trial-tool shell shim: every invocation is one budgeted call of the trial below.
 # Made by `trial-tool shim`; remove DIR from PATH to stop budgeting.
-exec {python} -m trialtool.doors.shimcall --real-shell {real} --shim-dir {directory} -- {flags} -- "$@"
+exec {python} -P -m trialtool.doors.shimcall --real-shell {real} --shim-dir {directory} -- {flags} -- "$@"
 """
 
 

@@ -18,7 +18,8 @@ each end talks only to its own user.
 
 Protocol, frames of a 4-byte length and a marshalled dict: the request; the
 server's `{"accepted": True}` once it has taken the call (before that, a
-vanished server is simply started again); `{"signal": N}` from us when SIGINT,
+vanished server is simply started again), or `{"other_world": reason}` when the
+caller's world is not its own (world.py), and the caller runs the call itself; `{"signal": N}` from us when SIGINT,
 SIGTERM or SIGHUP arrives; the answer, `{"exit": N, "result": {...}}` (the
 call's result as `serve` gives it) or `{"exit": N, "error": ..., "error_json": {...}}`.
 """
@@ -32,6 +33,7 @@ import os
 import sys
 
 from ..errors import TrialToolError
+from ..serverdir import directory
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,8 +43,6 @@ if TYPE_CHECKING:
 
 #: Off (in-process calls, as without a server) when set to "off".
 SERVER_ENV = "TRIALTOOL_SERVER"
-#: Where the socket lives, instead of $XDG_RUNTIME_DIR/trialtool or $TMPDIR/trialtool-UID.
-SERVER_DIR_ENV = "TRIALTOOL_SERVER_DIR"
 #: Seconds the server waits idle before it exits.
 IDLE_ENV = "TRIALTOOL_SERVER_IDLE"
 #: Flags whose values are paths, made absolute against the caller's directory before they travel.
@@ -52,31 +52,6 @@ PATH_FLAGS = ("state", "log", "key_file", "o200k_file", "cwd", "workspace")
 def wanted(environ: Any = os.environ) -> bool:
     """Whether calls go through the per-user server (Linux; not when TRIALTOOL_SERVER=off)."""
     return sys.platform.startswith("linux") and bool(environ.get(SERVER_ENV, "on") != "off")
-
-
-def directory(environ: Any = os.environ) -> str:
-    """The socket's directory: TRIALTOOL_SERVER_DIR, else $XDG_RUNTIME_DIR/trialtool, else TMPDIR/trialtool-UID."""
-    chosen = environ.get(SERVER_DIR_ENV)
-    if chosen:
-        return os.path.abspath(str(chosen))
-    runtime = environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        return os.path.join(runtime, "trialtool")
-    return os.path.join(_temp_directory(environ), f"trialtool-{os.getuid()}")
-
-
-def _temp_directory(environ: Any) -> str:
-    """$TMPDIR (or $TEMP, $TMP) when it names a directory, else /tmp.
-
-    Not tempfile.gettempdir(): importing tempfile costs a warm call ~8 ms here
-    (it pulls in shutil, random and the compression modules), more than the rest
-    of the client together.
-    """
-    for name in ("TMPDIR", "TEMP", "TMP"):
-        value = environ.get(name)
-        if value and os.path.isdir(value):
-            return os.path.abspath(str(value))
-    return "/tmp"
 
 
 def checked_directory(path: str) -> str:
@@ -101,14 +76,23 @@ def checked_directory(path: str) -> str:
 
 
 def identity(environ: Any = os.environ) -> str:
-    """What names one server: the version, this installation, and settings the server cannot take per call."""
+    """What names one server: the version, this installation, this process's world, and settings fixed at its start.
+
+    The interpreter is named by its resolved path and prefix, so that `python` and
+    `python3` of one installation reach one server. The world (world.py) gives each
+    set of namespaces, cgroup, credentials and privileges a server of its own.
+    """
     import zlib
 
     from .._version import __version__
+    from . import world
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    interpreter = os.path.realpath(sys.executable)
     # Whether the calls' supervisors make cgroups is fixed when the server starts them.
-    settings = f"{here}\0{sys.executable}\0{environ.get('TRIALTOOL_CGROUPS', '')}"
+    settings = (
+        f"{here}\0{interpreter}\0{sys.prefix}\0{environ.get('TRIALTOOL_CGROUPS', '')}\0{world.digest(world.of())}"
+    )
     return f"{__version__}-{zlib.crc32(settings.encode()):08x}"
 
 
@@ -148,6 +132,10 @@ class Frames:
         message: dict[str, Any] = marshal.loads(bytes(self.buffer[4 : 4 + size]))
         del self.buffer[: 4 + size]
         return message
+
+
+#: The longest path a Unix socket can have (sun_path, less its NUL).
+_MAX_SOCKET_PATH = 107
 
 
 def _connect(path: str) -> Any:
@@ -197,7 +185,9 @@ def _start(path: str, lock: int) -> None:
         os.unlink(path)  # a stale socket of a server that is gone
     except FileNotFoundError:
         pass
-    argv = [sys.executable, "-m", "trialtool.doors.userserver", path]
+    # -P: the caller's working directory (perhaps a workspace a command can write) is not put on
+    # the server's import path.
+    argv = [sys.executable, "-P", "-m", "trialtool.doors.userserver", path]
     # A descriptor dup'd onto itself may keep close-on-exec: hand over a copy numbered above 3.
     spare = os.dup(lock) if lock == 3 else -1
     try:
@@ -221,6 +211,8 @@ def _start(path: str, lock: int) -> None:
 def control(action: str) -> dict[str, Any] | None:
     """Ask the running server for its status, or to stop; None when none is running."""
     path = socket_path()
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        return None  # no server can listen there
     sock = _connect(path)
     if sock is None:
         os.close(_start_lock(path))  # a server being started: once it listens
@@ -235,6 +227,8 @@ def control(action: str) -> dict[str, Any] | None:
             answer = frames.pop()
     finally:
         sock.close()
+    if answer is not None and "other_world" in answer:
+        return None  # that server is not this process's to control
     if answer is not None and action == "stop":
         _wait_gone(int(answer["pid"]))
     return answer
@@ -314,10 +308,13 @@ def _next(frames: Frames, wake_r: int) -> dict[str, Any] | None:
 def call(args: Arguments, command: list[str], stdin: bytes | None = None) -> int | None:
     """Run the call through the server; write what it delivered; its exit code.
 
-    None when this process has just started the server: the call is then the
-    caller's to run in its own process.
+    None when this process has just started the server, or the server found this
+    process of another world than its own: the call is then the caller's to run
+    in its own process.
     """
     path = socket_path()
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        return None  # a server directory too deep for a socket: calls run in process
     payload = frame(request(args, command, stdin))
     wake_r = -1
     for attempt in range(2):
@@ -344,6 +341,8 @@ def call(args: Arguments, command: list[str], stdin: bytes | None = None) -> int
                 if attempt == 0:
                     continue
                 raise TrialToolError("the trial-tool server closed the connection before taking the call")
+            if "other_world" in accepted:
+                return None  # the server runs calls only for its own world: this one runs here
             if "exit" in accepted:
                 return write_answer(accepted, as_json=args.json)
             result = _next(frames, wake_r)

@@ -3,8 +3,12 @@
 `python -m trialtool.doors.userserver SOCKET` is started by the first CLI call
 that finds none (userclient.py), detached in a session of its own, and exits
 after TRIALTOOL_SERVER_IDLE seconds (default 300) without a call. It listens on
-a Unix socket in a directory only its user can open, and takes a connection
-only from a process of its own user (SO_PEERCRED). Each connection is one call,
+a Unix socket in a directory only its user can open, and serves a connection
+only from a process of its own world (world.py): its user (SO_PEERCRED), and
+its namespaces, cgroup, credentials and privileges, so that a caller's
+privileges never grow or shrink through it. A process of the same user in
+another world (a sandboxed command that found the socket) is told so, and
+nothing runs for it. Each connection is one call,
 run on a thread of its own through the same `Trial` API the other doors use,
 so one encoder in memory serves every trial on the machine, and one fork server
 hands out the calls' supervisors.
@@ -34,7 +38,7 @@ from typing import Any
 
 from ..errors import TrialToolError, UsageError
 from ..osio import make_undumpable
-from . import cli
+from . import cli, world
 from .options import Arguments, overrides
 from .userclient import IDLE_ENV, Frames, frame
 
@@ -147,9 +151,16 @@ class Server:
                 self.last_call = time.monotonic()
 
     def _serve(self, conn: socket.socket) -> None:
-        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         if uid != os.getuid():
             return  # another user's process: not a word
+        foreign = _foreign(conn, pid)
+        if foreign is not None:
+            # Same uid, another world (a sandboxed command, a caller with fewer privileges):
+            # nothing is run for it; it runs its call itself, with what it has.
+            conn.sendall(frame({"other_world": foreign}))
+            _linger(conn)
+            return
         frames = Frames(conn)
         request = frames.pop()
         while request is None:
@@ -259,6 +270,50 @@ class Server:
                     fork_server=self.forkserver,
                 )
         return trial
+
+
+def _linger(conn: socket.socket) -> None:
+    """Let the peer read what was sent: closing with its request unread would reset the connection first."""
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(1.0)
+        while conn.recv(1 << 16):
+            pass
+    except OSError:
+        pass
+
+
+#: getsockopt's SO_PEERPIDFD (Linux 6.5): a pidfd of the very process that connected.
+_SO_PEERPIDFD = 77
+
+
+def _foreign(conn: socket.socket, pid: int) -> str | None:
+    """Why the peer `pid` is not of this server's world (world.py), or None when it is.
+
+    The peer is read from /proc while a pidfd holds it: SO_PEERPIDFD's where the
+    kernel has it, else one opened on the pid at once. If the process is still
+    alive after the reading, its pid was not reused meanwhile, so what was read
+    was that process's.
+    """
+    import select
+
+    try:
+        pidfd = conn.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD)
+    except OSError:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return "it could not be identified"
+    try:
+        try:
+            theirs = world.of(pid)
+        except OSError:
+            return "it could not be identified"
+        if select.select([pidfd], [], [], 0)[0]:
+            return "it exited before it could be identified"
+    finally:
+        os.close(pidfd)
+    return world.difference(world.of(), theirs)
 
 
 def _watch(frames: Frames, interrupt: RemoteInterrupt) -> None:

@@ -21,7 +21,7 @@ import os
 import stat
 
 from ..errors import StorageError
-from ..osio import ensure_directory, write_all
+from ..osio import ensure_directory, reserve, write_all
 
 TYPE_CHECKING = False  # collections.abc costs 2.5 ms on the CLI's path (docs/performance.md)
 if TYPE_CHECKING:
@@ -127,6 +127,12 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+def _temporary_of(path: str) -> str:
+    """A new temporary name beside `path`, of the form mending.sweep_temporaries removes once its writer is dead."""
+    directory, name = os.path.split(path)
+    return os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+
+
 def atomic_write(path: str, data: bytes, *, sync_directory: bool = True) -> None:
     """Replace `path` with `data` so that a crash leaves the old file or the new, never a mix.
 
@@ -135,8 +141,8 @@ def atomic_write(path: str, data: bytes, *, sync_directory: bool = True) -> None
     Without it, after a power loss the file is the new version or an older whole
     one, never a torn or empty one (the data was fsynced before the rename).
     """
-    directory, name = os.path.split(path)
-    temporary = os.path.join(directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    directory = os.path.dirname(path)
+    temporary = _temporary_of(path)
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except OSError as exc:
@@ -203,6 +209,25 @@ def append(path: str, data: bytes | Iterable[bytes]) -> int:
     return new_size
 
 
+def reserve_tail(path: str, size: int) -> None:
+    """Allocate `size` bytes past the end of `path` (created if missing), without changing its size.
+
+    A later append of up to that much then needs no new blocks: a command that
+    fills the disk meanwhile cannot starve it. StorageError if the space is not
+    there now.
+    """
+    try:
+        fd = open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    except FileNotFoundError as exc:
+        raise _fail("open", path, exc) from exc
+    try:
+        reserve(fd, os.fstat(fd).st_size, size)
+    except OSError as exc:
+        raise _fail("reserve space for the call's record in", path, exc) from exc
+    finally:
+        os.close(fd)
+
+
 def stamp(path: str) -> list[int] | None:
     """What changes whenever the file's bytes do (device, inode, size, mtime, ctime), or None if absent."""
     try:
@@ -256,6 +281,7 @@ __all__ = [
     "preflight_append",
     "read_bytes",
     "read_input",
+    "reserve_tail",
     "stamp",
     "touch",
     "truncate",

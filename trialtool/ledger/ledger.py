@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, UsageError
 from ..limits import FLAG_OF, Limits
 from ..osio import plain, require_directory
+from ..sandbox import Available
 from . import audit, clock, fsio, liveness, records
 from .locking import DEFAULT_LOCK_TIMEOUT, LedgerLock
 from .state import InFlight, TrialState
@@ -69,6 +70,7 @@ class Ledger:
         key: bytes | None = None,
         owner: tuple[int, str | None] | None = None,
         stop_leftovers: StopLeftovers | None = None,
+        sandbox_available: Available | None = None,
     ) -> None:
         if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, int | float) or not 0 <= lock_timeout < 1e9:
             msg = f"the lock timeout must be a number of seconds, 0 or more, not {plain(lock_timeout)}"
@@ -79,7 +81,9 @@ class Ledger:
         self.directory = os.path.dirname(self.state_path) or "."
         self.lock_timeout = lock_timeout
         self.chain = audit.Chain(key)
-        self.store = Store(self.state_path, self.log_path, self.chain)
+        #: The sandbox seam's answer to "which bwrap can run here" (process/sandbox/), for a
+        #: trial's creation: handed in, since the ledger imports nothing of the process room.
+        self.store = Store(self.state_path, self.log_path, self.chain, sandbox_available)
         self._owner = owner
         self._stop_leftovers = stop_leftovers
         #: Calls this process reserved and gave up on (a failed commit): recover them
@@ -236,6 +240,10 @@ class Ledger:
             run_seconds, deadline_kind = limits.call_timeout, "call"
         else:
             run_seconds, deadline_kind = trial_left, "trial"
+        # Room in the log for every call in flight's record, this one's included, taken now:
+        # a command that fills the disk cannot then keep its own call from being recorded.
+        bound = records.size_bound(limits.max_capture_bytes, command)
+        fsio.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
         now = time.time()
         sequence = state.calls + 1
         pid, token = self.owner

@@ -191,6 +191,18 @@ def failed(
     )
 
 
+def size_bound(max_capture_bytes: int, command: list[str]) -> int:
+    """Bytes a call's record can take at most: both streams' capture in base64, the command twice, the rest.
+
+    Reserved in the log before the command starts (ledger.py), so that the record
+    always fits, however full the disk then is.
+    """
+    streams = 2 * 4 * -(-max_capture_bytes // 3)
+    # JSON escapes a byte in at most 6 characters; command_b64 adds 4/3 of it again.
+    argv = sum(len(os_bytes(arg)) for arg in command)
+    return streams + 8 * argv + 16 * 1024
+
+
 def input_fields(stdin: bytes | None, merged: bool) -> dict[str, Any]:
     """What a call that ran was given besides its command: its stdin (size and digest, not bytes), merged streams."""
     return {
@@ -236,5 +248,6 @@ __all__ = [
     "input_fields",
     "refusal",
     "repair",
+    "size_bound",
     "whole",
 ]

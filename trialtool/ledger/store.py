@@ -29,10 +29,14 @@ from .state import TrialState, check_against_log, decode, encode
 class Store:
     """One trial's state file and log, as this process last saw them."""
 
-    def __init__(self, state_path: str, log_path: str, chain: audit.Chain) -> None:
+    def __init__(
+        self, state_path: str, log_path: str, chain: audit.Chain, sandbox_available: sandbox.Available | None = None
+    ) -> None:
         self.state_path = state_path
         self.log_path = log_path
         self.chain = chain
+        #: Which bwrap can run here, asked when a trial is created (sandbox.pin).
+        self.sandbox_available = sandbox_available
         #: (log stamp, head, last record's summary) as this process last wrote or checked the log.
         self._trusted: tuple[list[int], audit.LogHead, dict[str, Any] | None] | None = None
 
@@ -97,7 +101,7 @@ class Store:
                 msg = f"no trial at {self.state_path}: create it with `trial-tool init` or a first call"
                 raise StateError(msg)
             limits, settings = sandbox.split(overrides)
-            return self.new_state(from_overrides(limits), sandbox.pin(settings))
+            return self.new_state(from_overrides(limits), sandbox.pin(settings, self.sandbox_available))
         limits, settings = sandbox.split(overrides)
         check_pinned(state.limits, limits)
         sandbox.check_pinned(state.sandbox, settings)

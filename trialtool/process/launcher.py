@@ -122,6 +122,7 @@ class Launcher:
         rlimits: list[list[int]] | None = None,
         stdin: bytes | None = None,
         merge_output: bool = False,
+        binds: list[tuple[int, str, int, int]] | None = None,
     ) -> Outcome:
         """Run `argv` until it exits, reaches `deadline` (monotonic), passes a limit, or is interrupted.
 
@@ -131,6 +132,7 @@ class Launcher:
         `rlimits` ([resource, soft, hard] rows) are the caller's, for a supervisor that
         is not its child (the per-user server's). `stdin` is fed to the command through
         a pipe (else it reads /dev/null); `merge_output` gives it one pipe for both streams.
+        `binds` are the pinned paths the supervisor opens for bwrap (running.Spec.binds).
         """
         import json
 
@@ -153,6 +155,7 @@ class Launcher:
             "rlimits": rlimits,
             "stdin_bytes": None if stdin is None else len(stdin),
             "merge_output": merge_output,
+            "binds": binds or [],
         }
         # The input follows the orders' line as it is: no base64, no JSON escaping of a megabyte.
         try:

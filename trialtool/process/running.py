@@ -18,10 +18,13 @@ import signal
 import time
 from typing import Any, NamedTuple
 
+from ..errors import SandboxError
 from ..limits import Limits
-from . import bwrap, reaper
+from ..sandbox import Pin
+from . import reaper
 from .capture import Spool
 from .cgroups import CallGroup
+from .sandbox import bwrap, pinned
 from .spawn import Child, spawn
 
 #: exec errors that mean "found, but cannot be run" (exit 126).
@@ -56,6 +59,9 @@ class Spec(NamedTuple):
     stdin: bytes | None = None
     #: One pipe for stdout and stderr, read in the order written (the stderr spool stays empty).
     merge: bool = False
+    #: Pinned paths bwrap binds from a descriptor: (index in argv of its descriptor argument,
+    #: path, device, inode). Opened and checked here, just before bwrap starts (sandbox/pinned.py).
+    binds: list[tuple[int, str, int, int]] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
 
 
 class Signals:
@@ -169,14 +175,18 @@ def supervise(
         if spec.stdin is not None:
             feed_r, feed_w = os.pipe()
         try:
+            argv, bind_fds = _open_binds(spec)
+        except SandboxError as exc:
+            return {"fatal": exc.message}
+        try:
             # Nothing to do between fork and exec (the usual case): the faster posix_spawn.
             plain = not rlimits and not group.child_must_join()
             child = spawn(
-                spec.argv,
+                argv,
                 cwd=None if spec.sandboxed else spec.cwd,  # bwrap changes to it inside (--chdir)
                 env=spec.env,
                 before_exec=None if plain else before_exec,
-                fd3=None if status_w < 0 else status_w,
+                passed=[] if status_w < 0 else [status_w, *bind_fds],
                 stdin=feed_r,
                 merge=spec.merge,
             )
@@ -191,6 +201,8 @@ def supervise(
                 os.close(status_w)
             if feed_r is not None:
                 os.close(feed_r)
+            for fd in bind_fds:
+                os.close(fd)
         watch = _Watch(spec, child, spools, control_fd, signals, group, spec.started, extra_procs, feed_w)
         feed_w = -1  # the watch closes it
         report = watch.run(subreaper)
@@ -204,6 +216,25 @@ def supervise(
         if feed_w >= 0:
             os.close(feed_w)
         group.remove()
+
+
+def _open_binds(spec: Spec) -> tuple[list[str], list[int]]:
+    """The argv with each pinned bind's descriptor number in place, and those descriptors, in order.
+
+    Opened here, a moment before bwrap starts, and checked against the pins; bwrap
+    binds the very directory checked, and closes the descriptor before the command runs.
+    """
+    argv = list(spec.argv)
+    fds: list[int] = []
+    try:
+        for index, path, device, inode in spec.binds:
+            fds.append(pinned.open_pinned(Pin(path, device, inode)))
+            argv[index] = str(bwrap.FIRST_BIND_FD + len(fds) - 1)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return argv, fds
 
 
 def _unwrapped(report: dict[str, Any], status_r: int, stderr: Spool) -> dict[str, Any]:

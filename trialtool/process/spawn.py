@@ -17,9 +17,10 @@ supervisor needs only this. Two ways:
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 # CPython ignores these at start-up; ignored dispositions survive exec, so the
 # command would inherit them (SIGPIPE ignored breaks `yes | head`).
@@ -111,7 +112,7 @@ def spawn(
     cwd: str | None,
     env: dict[str, str] | None,
     before_exec: Callable[[], None] | None,
-    fd3: int | None = None,
+    passed: Sequence[int] = (),
     stdin: int | None = None,
     merge: bool = False,
 ) -> Child:
@@ -119,17 +120,40 @@ def spawn(
 
     Without `before_exec` this uses posix_spawn and changes the calling process's
     working directory to `cwd`: call it only from a process that runs one command.
-    `fd3`, if given, is the command's descriptor 3 (bwrap's status channel).
+    `passed` become the command's descriptors 3, 4, ... in order (bwrap's status
+    channel, then the pinned paths it binds); the command gets no other.
     `stdin`, if given, is the command's standard input (else /dev/null); `merge`
     gives stderr the stdout pipe, so that both arrive in the order written (the
     child's `stderr` is then -1).
     """
     close_on_exec_all()
-    if before_exec is None and hasattr(os, "posix_spawn"):
-        return _posix_spawn(argv, cwd, env, fd3, stdin, merge)
+    # Copies above every target number first: a descriptor dup'd onto itself keeps
+    # close-on-exec, and one moved onto another's number would lose that one.
+    # (Just above them, not far: a caller's open-files limit may be small.)
+    lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3 + len(passed)) for fd in passed]
+    try:
+        if before_exec is None and hasattr(os, "posix_spawn"):
+            return _posix_spawn(argv, cwd, env, lifted, stdin, merge)
+        return _fork_exec(argv, cwd, env, before_exec, lifted, stdin, merge)
+    finally:
+        for fd in lifted:
+            os.close(fd)
+
+
+def _fork_exec(
+    argv: list[str],
+    cwd: str | None,
+    env: dict[str, str] | None,
+    before_exec: Callable[[], None] | None,
+    passed: list[int],
+    stdin: int | None,
+    merge: bool,
+) -> Child:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe() if not merge else (-1, out_w)
-    report_r, report_w = os.pipe()  # close-on-exec: EOF means the exec happened
+    report_r, pipe_w = os.pipe()  # close-on-exec: EOF means the exec happened
+    report_w = fcntl.fcntl(pipe_w, fcntl.F_DUPFD_CLOEXEC, 3 + len(passed))  # above every target
+    os.close(pipe_w)
     devnull = os.open(os.devnull, os.O_RDONLY) if stdin is None else os.dup(stdin)
     pid = os.fork()
     if pid == 0:
@@ -138,13 +162,9 @@ def spawn(
             os.dup2(devnull, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            first = 3
-            if fd3 is not None:
-                if report_w == 3:
-                    report_w = os.dup(report_w)  # close-on-exec, as the report needs
-                os.dup2(fd3, 3)
-                first = 4
-            os.closerange(first, report_w)
+            for number, fd in enumerate(passed, start=3):
+                os.dup2(fd, number)
+            os.closerange(3 + len(passed), report_w)
             os.closerange(report_w + 1, 1 << 16)
             for sig in _RESTORE:
                 signal.signal(sig, signal.SIG_DFL)
@@ -175,7 +195,7 @@ def spawn(
 
 
 def _posix_spawn(
-    argv: list[str], cwd: str | None, env: dict[str, str] | None, fd3: int | None, stdin: int | None, merge: bool
+    argv: list[str], cwd: str | None, env: dict[str, str] | None, passed: list[int], stdin: int | None, merge: bool
 ) -> Child:
     if cwd is not None:
         os.chdir(cwd)
@@ -185,7 +205,7 @@ def _posix_spawn(
     stdin_action = (
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0) if stdin is None else (os.POSIX_SPAWN_DUP2, stdin, 0)
     )
-    extra = [] if fd3 is None else [(os.POSIX_SPAWN_DUP2, fd3, 3)]
+    extra = [(os.POSIX_SPAWN_DUP2, fd, number) for number, fd in enumerate(passed, start=3)]
     try:
         # The pipes' write ends and everything else of ours are close-on-exec; the
         # actions give the command exactly stdin, stdout and stderr.

@@ -143,6 +143,7 @@ def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, rea
             [tuple(row) for row in orders.get("rlimits") or ()],
             orders.get("stdin"),
             bool(orders.get("merge_output")),
+            [tuple(row) for row in orders.get("binds") or ()],
         )
         cap = spec.limits.max_capture_bytes
         spools = (Spool(spool_fds[0], cap), Spool(spool_fds[1], cap))

@@ -25,6 +25,7 @@ TRIAL_COLUMNS = (
     "why",
     "statuses",
     "sandbox",
+    "sandbox_fallback",
     "keyed",
     "score",
 )
@@ -51,7 +52,8 @@ def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
         f"time      {left['seconds_used']:.1f} s of {limits.get('trial_timeout')} s used, {left['seconds']:.1f} s left",
         f"refused   {summary['refused_calls']}" + (f" (ended by {summary['ended_by']})" if summary["ended_by"] else ""),
         f"outcomes  {_statuses(summary['statuses']) or 'no calls yet'}",
-        f"sandbox   {summary['sandbox']['mode']} (network {summary['sandbox']['network']})",
+        f"sandbox   {summary['sandbox']['mode']} (network {summary['sandbox']['network']})"
+        + (f"; auto found no sandbox: {fallback}" if (fallback := summary.get("sandbox_fallback")) else ""),
         f"log       {summary['records']} records, {'HMAC-SHA256 (keyed)' if summary['keyed'] else 'SHA-256'} chain",
         f"head      {summary['head']}",
         f"integrity {intact}" + (f": {integrity['why']}" if verdict not in ("clean",) and "why" in integrity else ""),
@@ -139,6 +141,7 @@ def trial_row(summary: dict[str, Any], base: str | None = None) -> dict[str, Any
         "why": summary["integrity"].get("why", ""),
         "statuses": _statuses(summary["statuses"]),
         "sandbox": summary["sandbox"]["mode"],
+        "sandbox_fallback": summary.get("sandbox_fallback") or "",
         "keyed": summary["keyed"],
         "score": summary.get("score", ""),
     }

@@ -160,6 +160,8 @@ def summarize_snapshot(
         "keyed": keyed,
         "limits": limits,
         "sandbox": {"mode": sandbox.get("mode", "none"), "network": sandbox.get("network", "none")},
+        # Outside "sandbox", which the fairness check compares: the same rules, whatever the wording of why.
+        "sandbox_fallback": sandbox.get("fallback") if isinstance(sandbox.get("fallback"), str) else None,
         "tokenizer": sorted(tokenizers) or ["o200k_base"],
         "used": {"calls": calls, "tokens": tokens, "seconds": round(float(seconds), 3)},
         "refused_calls": whole(raw.get("refused_calls")),
@@ -184,6 +186,7 @@ def unreadable(state_path: str, log_path: str, why: str) -> dict[str, Any]:
         "keyed": False,
         "limits": {},
         "sandbox": {"mode": "none", "network": "none"},
+        "sandbox_fallback": None,
         "tokenizer": [],
         "used": {"calls": 0, "tokens": 0, "seconds": 0.0},
         "refused_calls": 0,

@@ -1,0 +1,226 @@
+"""The bwrap backend: find and pin bubblewrap, build a call's command line, read back how it ended.
+
+The view the command gets (docs/sandbox.md):
+
+- the host's root read-only; a private /dev; a fresh /proc of a new pid
+  namespace (no trial-tool process in it); an empty /run (no sockets of the
+  host's daemons); the trial's own /tmp (a directory beside the state, kept
+  across the trial's calls); the workspace and the writable paths bound
+  read-write, each by the descriptor that checked it against its pin
+  (pinned.py);
+- the trial's files, the per-user servers' directories and trial-tool's own
+  files kept from it as layout.py says;
+- new user, ipc, uts, cgroup, pid and network namespaces (the network one
+  shared back with --network host); no capabilities even as root; no nested
+  user namespaces; a new session; killed if its supervisor dies.
+
+bwrap itself is found, pinned and probed by executable.py.
+
+bwrap reports on a status descriptor: a JSON document with `exit-code` once
+the command has run and ended. Without it, bwrap exited 1 because it could not
+set the sandbox up, or could not execute the command ("bwrap: execvp ...").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from ... import serverdir
+from ...errors import SandboxError, UsageError
+from ...osio import plain
+from ...sandbox import Pin, Sandbox
+from . import ownfiles, pinned
+from .executable import ISOLATION, STATUS_FD, check_binary, probe
+from .layout import Layout, inside, layout
+
+#: The first of the descriptors bwrap binds from (`--bind-fd`): the pinned paths, opened by the supervisor.
+FIRST_BIND_FD = 4
+#: Processes of bwrap's own in the command's tree: its monitor, and the pid namespace's init.
+OWN_PROCESSES = 2
+
+
+class Wrapped(NamedTuple):
+    """A call's bwrap command line, and the pinned paths its supervisor opens for it."""
+
+    argv: list[str]
+    #: (index in argv of a --bind-fd's descriptor argument, the path pinned there).
+    binds: list[tuple[int, Pin]]
+
+
+def arguments(
+    binary: str, sandbox: Sandbox, hide: Layout, tmp: Pin, cwd: str, argv: list[str], open_files: int = 0
+) -> Wrapped:
+    """The command line that runs `argv` in `sandbox`, with things kept from it as `hide` says.
+
+    Every pinned path (the roots, the trial's /tmp `tmp`) is bound from a descriptor
+    the supervisor opens and checks just before it starts bwrap: the argv holds a
+    placeholder at each index that `binds` names. `open_files` (the trial's
+    --max-open-files) is set by a shell inside the sandbox, just before it becomes
+    the command: bwrap cannot set a sandbox up within a small limit.
+    """
+    wrapped = [binary, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
+    binds: list[tuple[int, Pin]] = []
+
+    def bind_pinned(pin: Pin, destination: str) -> None:
+        binds.append((len(wrapped) + 1, pin))
+        wrapped.extend(["--bind-fd", "-1", destination])
+
+    if sandbox.network == "host":
+        resolver = os.path.realpath("/etc/resolv.conf")
+        if inside(resolver, "/run") and os.path.exists(resolver):
+            wrapped += ["--ro-bind", resolver, resolver]  # name resolution through a daemon's file
+    # The trial's /tmp first: a workspace or a trial file under the host's /tmp is then
+    # mounted on top of it (bwrap makes the mount points), not hidden under it.
+    bind_pinned(tmp, "/tmp")
+    # Shallow first: a directory covered inside another covered one is made in the outer tmpfs.
+    for directory in sorted(hide.covered, key=len):
+        wrapped += ["--tmpfs", directory]
+    held = set(hide.held)
+    if any(inside(tmp.path, root) for root in sandbox.roots):
+        held.add(tmp.path)  # beside a state in the workspace: not to be renamed or replaced by a link
+    pins = {pin.path: pin for pin in sandbox.pins}
+    # Every mount inside the writable paths in one order, parents before children: a later
+    # bind of a parent would cover what was mounted below it.
+    mounts = [(root, "root") for root in sandbox.roots]
+    mounts += [(path, "held") for path in held] + [(path, "protected") for path in hide.protected]
+    mounts += [(path, "masked") for path in hide.masked] + [(path, "overmounted") for path in hide.overmounted]
+    for path, kind in sorted(mounts, key=lambda mount: (len(mount[0]), mount[0])):
+        if kind == "root":
+            bind_pinned(pins[path], path)
+        elif kind == "held":
+            wrapped += ["--bind", path, path]
+        elif kind == "protected":
+            wrapped += ["--ro-bind", path, path]
+        elif kind == "masked":
+            wrapped += ["--tmpfs", path, "--remount-ro", path]
+        else:
+            # A device node on a nodev mount: it can be neither opened nor replaced.
+            wrapped += ["--ro-bind", "/dev/null", path]
+    for directory in hide.covered:
+        wrapped += ["--remount-ro", directory]
+    wrapped += ["--chdir", cwd, *ISOLATION]
+    if sandbox.network == "host":
+        wrapped.append("--share-net")
+    if open_files:
+        argv = ["/bin/sh", "-c", f'ulimit -n {open_files} && exec "$@"', "sh", *argv]
+    wrapped += ["--json-status-fd", str(STATUS_FD), "--", *argv]
+    return Wrapped(wrapped, binds)
+
+
+def exit_code(status: bytes) -> int | None:
+    """The command's exit code from bwrap's status documents, or None when the command never ran."""
+    decoder = json.JSONDecoder()
+    text = status.decode("utf-8", "replace")
+    index = 0
+    found = None
+    while True:
+        while index < len(text) and text[index].isspace():
+            index += 1
+        if index >= len(text):
+            return found
+        try:
+            document, index = decoder.raw_decode(text, index)
+        except ValueError:
+            return found
+        if isinstance(document, dict) and isinstance(document.get("exit-code"), int):
+            found = document["exit-code"]
+
+
+def failure(stderr: bytes) -> tuple[str, str]:
+    """Why bwrap ran nothing, from what it wrote: ("not_found" | "not_executable" | "sandbox", the reason)."""
+    lines = stderr.decode("utf-8", "replace").strip().splitlines()
+    last = lines[-1] if lines else "bwrap exited without a word"
+    if last.startswith("bwrap: execvp "):
+        reason = last.rpartition(": ")[2]
+        return ("not_found" if reason == os.strerror(2) else "not_executable"), reason
+    return "sandbox", last
+
+
+class Plan:
+    """One trial's sandbox as its calls use it: what is kept from the command, its /tmp, bwrap itself."""
+
+    def __init__(self, sandbox: Sandbox, state_path: str, files: list[str], rank_file: str | None = None) -> None:
+        if sandbox.binary is None or len(sandbox.pins) != len(sandbox.roots):
+            msg = (
+                "this trial was created by an older trial-tool, without its sandbox pinned by identity; "
+                "create a new trial"
+            )
+            raise SandboxError(msg)
+        self.sandbox = sandbox
+        self.binary = sandbox.binary
+        self.state_path = state_path
+        self.files = files
+        self.rank_file = rank_file
+        #: Where trial files are kept: fixed for the trial (`exposed` decides how its calls are scheduled).
+        self.layout = layout(sandbox.roots, files)
+
+    def check(self, cwd: str, trial_id: str, environ: Mapping[str, str] | None = None) -> tuple[Pin, Layout]:
+        """Before the call is charged: the trial's /tmp (made if need be), and the call's layout.
+
+        SandboxError if the pinned bwrap changed or cannot run here, or a pinned path
+        was moved or replaced; UsageError if `cwd` is hidden in the sandbox.
+        """
+        check_binary(self.binary)
+        reason = probe(self.binary)
+        if reason is not None:
+            raise SandboxError(f"this trial runs its commands in the bwrap sandbox, which cannot run here: {reason}")
+        pinned.check(self.sandbox.pins)
+        roots = self.sandbox.roots
+        own = ownfiles.paths(self.rank_file)
+        servers = {serverdir.directory(os.environ), serverdir.directory(environ or os.environ)}
+        # Those under /tmp and /run need nothing, unless a writable path brings them back:
+        # the sandbox has its own of each.
+        hidden = [
+            d
+            for d in servers
+            if os.path.isdir(d)
+            and (any(inside(d, root) for root in roots) or not (inside(d, "/tmp") or inside(d, "/run")))
+        ]
+        hide = layout(roots, self.files, directories=hidden, own=own)
+        real = os.path.realpath(cwd)
+        if any(inside(real, directory) for directory in hide.covered) and not any(inside(real, root) for root in roots):
+            msg = f"the call's directory {plain(cwd)} is hidden in the sandbox (it holds the trial's files)"
+            raise UsageError(msg)
+        return tmp_directory(self.state_path, trial_id), hide
+
+    def wrap(self, argv: list[str], cwd: str, tmp: Pin, hide: Layout, open_files: int = 0) -> Wrapped:
+        """The bwrap command line that runs `argv` in `cwd`, with `tmp` and `hide` from `check`."""
+        present = hide._replace(overmounted=tuple(name for name in hide.overmounted if os.path.lexists(name)))
+        return arguments(self.binary.path, self.sandbox, present, tmp, cwd, argv, open_files)
+
+
+def tmp_directory(state_path: str, trial_id: str) -> Pin:
+    """The trial's own /tmp: a directory beside its state, made (0700) on first use, never a symlink; pinned.
+
+    Checked before every call, and bound from the descriptor the check opened: in
+    a trial whose state sits in its workspace the directory is reachable by the
+    command (bound onto itself there, so that it cannot be renamed or replaced,
+    but checked all the same).
+    """
+    directory, name = os.path.split(os.path.abspath(state_path))
+    path = os.path.join(os.path.realpath(directory), f".{name}.sandbox-tmp-{trial_id}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        msg = f"the trial's sandbox /tmp {plain(path)} is not a directory of this user's (replaced?)"
+        raise SandboxError(msg)
+    return Pin(path, info.st_dev, info.st_ino)
+
+
+__all__ = [
+    "FIRST_BIND_FD",
+    "OWN_PROCESSES",
+    "Plan",
+    "Wrapped",
+    "arguments",
+    "exit_code",
+    "failure",
+    "tmp_directory",
+]

@@ -1,0 +1,178 @@
+"""The bwrap executable: found once when a trial is created, pinned by identity, probed where it runs.
+
+bwrap is looked for among the absolute entries of the caller's PATH, then
+/usr/bin and /bin, and pinned (sandbox.Binary): it must lie outside every
+writable path, belong to root or this user, and be writable by no one else,
+nor may any directory above it. A call runs it only while it is still that
+file, and never looks for it again. Whether it can make a sandbox on this
+machine is asked by running a tiny one (`probe`); only a "yes" is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Sequence
+
+from ...errors import SandboxError
+from ...osio import plain
+from ...sandbox import Binary
+from .layout import inside
+
+#: The descriptor bwrap writes its JSON status to, in bwrap's own process.
+STATUS_FD = 3
+#: Namespaces, privileges and lifetime: the same for every call and for the probe.
+ISOLATION = (
+    "--unshare-all",
+    "--unshare-user",
+    "--disable-userns",
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop",
+    "ALL",
+)
+#: Where bwrap is looked for after PATH's absolute entries.
+_FALLBACK_DIRECTORIES = ("/usr/bin", "/bin")
+#: Executables that ran a sandbox in this process. Only "yes" is kept: a "no" is asked again
+#: on the next call, so that installing bwrap, or allowing user namespaces, is seen at once.
+_WORKS: set[Binary] = set()
+_GUARD = threading.Lock()
+
+
+def _unsafe(path: str, roots: Sequence[str]) -> str | None:
+    """Why `path` (canonical) is no executable to trust for the sandbox, or None.
+
+    A command runs as this user: anything it may write, or that others may, could
+    be replaced between calls by a program that runs on the host.
+    """
+    if any(inside(path, root) for root in roots):
+        return f"{plain(path)} lies in a path the trial's commands may write"
+    owners = {0, os.geteuid()}
+    parts = path.split("/")
+    for depth in range(1, len(parts) + 1):
+        name = "/".join(parts[:depth]) or "/"
+        try:
+            info = os.lstat(name)
+        except OSError as exc:
+            return f"{plain(name)}: {exc.strerror}"
+        if stat.S_ISLNK(info.st_mode):
+            return f"{plain(name)} is a symlink"
+        if info.st_uid not in owners:
+            return f"{plain(name)} belongs to uid {info.st_uid}, neither root nor this user"
+        # A sticky directory (/tmp) lets no one else rename or remove what is ours in it.
+        sticky = stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX and depth < len(parts)
+        if info.st_mode & 0o022 and not sticky:
+            return f"{plain(name)} may be written by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def find(roots: Sequence[str], search_path: str | None = None) -> tuple[Binary | None, str | None]:
+    """The bwrap executable to pin: the first safe one on PATH's absolute entries, then /usr/bin, /bin.
+
+    `search_path` is the caller's PATH (default: this process's).
+    """
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None, "bubblewrap runs on Linux only"
+    refused = []
+    seen = set()
+    if search_path is None:
+        search_path = os.environ.get("PATH", "")
+    for directory in [*search_path.split(os.pathsep), *_FALLBACK_DIRECTORIES]:
+        if not os.path.isabs(directory):
+            continue  # "." or "": wherever the caller happens to be, perhaps a workspace
+        candidate = os.path.join(directory, "bwrap")
+        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+            continue
+        path = os.path.realpath(candidate)
+        if path in seen:
+            continue
+        seen.add(path)
+        why = _unsafe(path, roots)
+        if why is not None:
+            refused.append(why)
+            continue
+        info = os.stat(path)
+        return Binary(path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns), None
+    if refused:
+        return None, "no bubblewrap executable that can be trusted: " + "; ".join(refused)
+    return None, "bubblewrap is not installed (apt-get install bubblewrap, dnf install bubblewrap)"
+
+
+def check_binary(binary: Binary) -> None:
+    """SandboxError unless the pinned executable is still there, unchanged, and safe."""
+    why = _unsafe(binary.path, ())
+    if why is None:
+        info = os.stat(binary.path)
+        if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) != binary[1:]:
+            why = f"{plain(binary.path)} is no longer the file pinned when the trial was created (upgraded?)"
+    if why is not None:
+        msg = f"this trial's sandbox executable cannot be used: {why}; refusing to run a call (create a new trial)"
+        raise SandboxError(msg)
+
+
+def probe(binary: Binary) -> str | None:
+    """Why `binary` cannot make a sandbox here, or None when it can: a tiny one, made as a call's is (5-10 ms).
+
+    bwrap can be installed and still be refused the namespaces it needs (user
+    namespaces disabled, AppArmor's restriction, a container without them).
+    """
+    with _GUARD:
+        if binary in _WORKS:
+            return None
+    import fcntl
+
+    opened = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    # Above the descriptor it becomes: one dup'd onto itself would keep close-on-exec.
+    root = fcntl.fcntl(opened, fcntl.F_DUPFD_CLOEXEC, STATUS_FD + 1)
+    os.close(opened)
+    err_r, err_w = os.pipe()
+    argv = [binary.path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    argv += ["--ro-bind-fd", str(STATUS_FD), "/tmp", *ISOLATION, "--", "true"]
+    try:
+        pid = os.posix_spawn(
+            binary.path,
+            argv,
+            {"PATH": "/usr/bin:/bin"},
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+                (os.POSIX_SPAWN_DUP2, root, STATUS_FD),
+            ],
+        )
+    except OSError as exc:
+        os.close(err_r)
+        return f"{binary.path} cannot be executed: {exc.strerror}"
+    finally:
+        os.close(err_w)
+        os.close(root)
+    with os.fdopen(err_r, "rb") as stream:
+        said = stream.read(4096)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code == 0:
+        with _GUARD:
+            _WORKS.add(binary)
+        return None
+    lines = said.decode("utf-8", "replace").strip().splitlines()
+    why = lines[-1] if lines else f"{binary.path} exited with status {code}"
+    return f"bubblewrap cannot make a sandbox here ({why}); see docs/sandbox.md for the usual causes"
+
+
+def available(roots: tuple[str, ...], search_path: str | None = None) -> tuple[Binary | None, str | None]:
+    """The bwrap to pin for a trial whose commands may write `roots`, or why the sandbox cannot run here."""
+    binary, reason = find(roots, search_path)
+    if binary is None:
+        return None, reason
+    reason = probe(binary)
+    return (binary, None) if reason is None else (None, reason)
+
+
+def unavailable() -> str | None:
+    """Why the bwrap sandbox cannot run on this machine, or None (for tests and the bench)."""
+    return available(())[1]
+
+
+__all__ = ["ISOLATION", "STATUS_FD", "available", "check_binary", "find", "probe", "unavailable"]
