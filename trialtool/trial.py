@@ -209,6 +209,7 @@ class Trial:
         rlimits: Sequence[tuple[int, int, int]] | None = None,
         input: bytes | str | None = None,  # subprocess.run's name for it
         merge_output: bool = False,
+        read_only: Sequence[str | os.PathLike[str]] = (),
     ) -> CallResult:
         """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
@@ -224,7 +225,9 @@ class Trial:
         as UTF-8) is the command's standard input, at most the trial's
         `max_stdin_bytes`; without it, stdin is /dev/null. `merge_output` gives
         the command one pipe for stdout and stderr, so the text reads in the
-        order written; it is all delivered as stdout.
+        order written; it is all delivered as stdout. `read_only` names paths inside
+        the writable ones that a sandboxed command may not change (bound read-only,
+        the way to each held): files the harness itself runs or reads afterwards.
         """
         argv = command_argv(command)
         stdin = checked_input(input)
@@ -243,6 +246,7 @@ class Trial:
                 interrupt,
                 launcher,
                 environ,
+                [os.path.realpath(path) for path in read_only],
                 cwd=cwd,
                 env=command_env,
                 umask=umask,
@@ -277,6 +281,7 @@ class Trial:
         interrupt: Interrupt | None,
         launcher: Launcher,
         environ: Mapping[str, str] | None,
+        read_only: list[str],
         **spawn: Any,
     ) -> tuple[Outcome, Reservation, float]:
         def cancelled() -> None:
@@ -300,7 +305,7 @@ class Trial:
             sandboxed.clear()
             if state.sandbox.mode != "none":
                 plan = self._plan(state.sandbox)
-                tmp, hide = plan.check(spawn["cwd"] or os.getcwd(), state.trial_id, environ)
+                tmp, hide = plan.check(spawn["cwd"] or os.getcwd(), state.trial_id, environ, read_only)
                 # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
                 fsio.touch(self.ledger.log_path)
                 sandboxed.append((plan, tmp, hide))

@@ -499,3 +499,46 @@ def test_the_server_keeps_no_no(host: Host) -> None:
         host.assert_clean(1)
     finally:
         _server_stopper(servers)
+
+
+@pytest.mark.parametrize("mode", ["server", "in-process"])
+def test_the_shims_and_paths_named_read_only_stay_as_they_were(host: Host, mode: str) -> None:
+    env = _env(TRIALTOOL_SERVER="on" if mode == "server" else "off")
+    shims = host.workspace / "shims"
+    pinned = ["--sandbox", "bwrap", "--workspace", str(host.workspace)]
+    made = subprocess.run(
+        [PY, "-m", "trialtool", "shim", str(shims), "--state", str(host.state), "--log", str(host.log), *pinned],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert made.returncode == 0, made.stderr
+    before = (shims / "sh").read_bytes()
+    # A command run through the shim tries to rewrite the shim the harness runs next.
+    evil = f"#!/bin/sh\ntouch {host.marker}\n"
+    done = subprocess.run(
+        [str(shims / "sh"), "-c", f"printf '{evil}' > {shims}/sh && echo REWROTE; mv {shims} x && echo MOVED; true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=host.workspace,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "REWROTE" not in done.stdout and "MOVED" not in done.stdout, done.stdout
+    assert (shims / "sh").read_bytes() == before
+    # The grader's tests in the workspace, named read-only for the agent's calls.
+    tests = host.workspace / "tests"
+    tests.mkdir()
+    (tests / "test_task.py").write_text("assert True\n")
+    change = host.call(
+        "echo 'assert False' > tests/test_task.py && echo CHANGED; rm -rf tests && echo REMOVED; "
+        "cat tests/test_task.py",
+        env=env,
+        flags=("--read-only", str(tests)),
+    )
+    assert change.returncode == 0, change.stderr
+    assert "CHANGED" not in change.stdout and "REMOVED" not in change.stdout and "assert True" in change.stdout
+    assert (tests / "test_task.py").read_text() == "assert True\n"
+    host.assert_clean(2)

@@ -173,6 +173,7 @@ def _run_call(args: Arguments, tool_argv: list[str]) -> int:
                 timeout=args.timeout,
                 input=stdin,
                 merge_output=args.merge_output,
+                read_only=tuple(args.read_only),
             )
     _keep_until_exit(trial)
     return userclient.write_answer({"exit": result.exit_code, "result": result.as_json()}, as_json=args.json)

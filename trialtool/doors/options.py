@@ -100,6 +100,7 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
         "one stream: stderr into stdout, in the order written",
     ),
     ("--timeout", "timeout", "number", ("run",), _CALL, "seconds for this call, below the pinned --call-timeout"),
+    ("--read-only", "read_only", "list", ("run",), _CALL, "a path in a writable one that the command may not change"),
     ("--json", "json", "switch", ("run",), None, "print the call's result as one JSON object (serve's shape)"),
     ("--o200k-file", "o200k_file", "text", (*_ENCODING, "show"), None, "the o200k_base.tiktoken rank file to use"),
     ("--in-process", "in_process", "switch", ("run",), None, "run the call in this process, not the per-user server"),

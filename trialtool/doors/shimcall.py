@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 125
     path = path_without(directory)
-    return cli.main([*flags, "--env", f"PATH={path}", "--", real, *shell_args])
+    # The shims are trial-tool's own: a command must not rewrite what the harness runs next.
+    return cli.main([*flags, "--env", f"PATH={path}", "--read-only", directory, "--", real, *shell_args])
 
 
 if __name__ == "__main__":

@@ -256,7 +256,8 @@ def request(args: Arguments, command: list[str], stdin: bytes | None = None) -> 
     for name in PATH_FLAGS:
         if values.get(name) is not None:
             values[name] = os.path.abspath(values[name])
-    values["writable"] = [os.path.abspath(path) for path in values.get("writable") or ()]
+    for name in ("writable", "read_only"):
+        values[name] = [os.path.abspath(path) for path in values.get(name) or ()]
     values["stdin"] = None  # read by the caller: its bytes travel in the request
     umask = os.umask(0)
     os.umask(umask)

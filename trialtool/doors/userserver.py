@@ -230,6 +230,7 @@ class Server:
                 timeout=args.timeout,
                 input=request.get("stdin"),
                 merge_output=args.merge_output,
+                read_only=tuple(args.read_only),
             )
         except Exception as exc:  # reported to the caller; not a TrialToolError: the server's own failure
             error = exc if isinstance(exc, TrialToolError) else TrialToolError(f"the server failed: {exc!r}")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from ... import serverdir
@@ -158,7 +158,9 @@ class Plan:
         #: Where trial files are kept: fixed for the trial (`exposed` decides how its calls are scheduled).
         self.layout = layout(sandbox.roots, files)
 
-    def check(self, cwd: str, trial_id: str, environ: Mapping[str, str] | None = None) -> tuple[Pin, Layout]:
+    def check(
+        self, cwd: str, trial_id: str, environ: Mapping[str, str] | None = None, read_only: Sequence[str] = ()
+    ) -> tuple[Pin, Layout]:
         """Before the call is charged: the trial's /tmp (made if need be), and the call's layout.
 
         SandboxError if the pinned bwrap changed or cannot run here, or a pinned path
@@ -170,7 +172,8 @@ class Plan:
             raise SandboxError(f"this trial runs its commands in the bwrap sandbox, which cannot run here: {reason}")
         pinned.check(self.sandbox.pins)
         roots = self.sandbox.roots
-        own = ownfiles.paths(self.rank_file)
+        # trial-tool's own files, and what the caller names: bound read-only where writable.
+        own = [*ownfiles.paths(self.rank_file), *(path for path in read_only if os.path.exists(path))]
         servers = {serverdir.directory(os.environ), serverdir.directory(environ or os.environ)}
         # Those under /tmp and /run need nothing, unless a writable path brings them back:
         # the sandbox has its own of each.
