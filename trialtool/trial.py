@@ -210,6 +210,7 @@ class Trial:
         input: bytes | str | None = None,  # subprocess.run's name for it
         merge_output: bool = False,
         read_only: Sequence[str | os.PathLike[str]] = (),
+        caller_imports: Sequence[str] = (),
     ) -> CallResult:
         """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
@@ -228,6 +229,8 @@ class Trial:
         order written; it is all delivered as stdout. `read_only` names paths inside
         the writable ones that a sandboxed command may not change (bound read-only,
         the way to each held): files the harness itself runs or reads afterwards.
+        `caller_imports` (the interpreter, prefixes and import path of the process the
+        call is made for, with `environ`) are kept from the command like trial-tool's own.
         """
         argv = command_argv(command)
         stdin = checked_input(input)
@@ -247,6 +250,7 @@ class Trial:
                 launcher,
                 environ,
                 [os.path.realpath(path) for path in read_only],
+                tuple(caller_imports),
                 cwd=cwd,
                 env=command_env,
                 umask=umask,
@@ -282,6 +286,7 @@ class Trial:
         launcher: Launcher,
         environ: Mapping[str, str] | None,
         read_only: list[str],
+        caller: tuple[str, ...],
         **spawn: Any,
     ) -> tuple[Outcome, Reservation, float]:
         def cancelled() -> None:
@@ -305,7 +310,8 @@ class Trial:
             sandboxed.clear()
             if state.sandbox.mode != "none":
                 plan = self._plan(state.sandbox)
-                tmp, hide = plan.check(spawn["cwd"] or os.getcwd(), state.trial_id, environ, read_only)
+                cwd = spawn["cwd"] or os.getcwd()
+                tmp, hide = plan.check(cwd, state.trial_id, environ, read_only, caller)
                 # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
                 fsio.touch(self.ledger.log_path)
                 sandboxed.append((plan, tmp, hide))

@@ -542,3 +542,19 @@ def test_the_shims_and_paths_named_read_only_stay_as_they_were(host: Host, mode:
     assert "CHANGED" not in change.stdout and "REMOVED" not in change.stdout and "assert True" in change.stdout
     assert (tests / "test_task.py").read_text() == "assert True\n"
     host.assert_clean(2)
+
+
+@pytest.mark.parametrize("mode", ["server", "in-process"])
+def test_an_import_path_entry_yet_to_be_made_cannot_be_made_by_a_command(host: Host, mode: str) -> None:
+    later = host.workspace / "lib-later"
+    env = _env(PYTHONPATH=str(later), TRIALTOOL_SERVER="on" if mode == "server" else "off")
+    planted = host.call(
+        f'mkdir -p {later} && echo \'open("{host.marker}", "w").close()\' > {later}/sitecustomize.py && echo PLANTED;'
+        " true",
+        env=env,
+    )
+    assert planted.returncode == 0, planted.stderr
+    assert "PLANTED" not in planted.stdout, planted.stdout
+    assert later.is_dir() and not any(later.iterdir())  # made, empty, by trial-tool
+    assert host.call("echo again", env=env).stdout == "again\n"
+    host.assert_clean(2)

@@ -274,6 +274,8 @@ def request(args: Arguments, command: list[str], stdin: bytes | None = None) -> 
         "umask": umask,
         "rlimits": limits,
         "stdin": stdin,
+        # What this process runs and imports: kept from the command like the server's own.
+        "imports": [sys.executable, sys.prefix, sys.exec_prefix, *sys.path],
     }
 
 

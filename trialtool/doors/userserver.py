@@ -231,6 +231,7 @@ class Server:
                 input=request.get("stdin"),
                 merge_output=args.merge_output,
                 read_only=tuple(args.read_only),
+                caller_imports=tuple(str(path) for path in request.get("imports") or ()),
             )
         except Exception as exc:  # reported to the caller; not a TrialToolError: the server's own failure
             error = exc if isinstance(exc, TrialToolError) else TrialToolError(f"the server failed: {exc!r}")

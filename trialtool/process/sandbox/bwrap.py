@@ -159,7 +159,12 @@ class Plan:
         self.layout = layout(sandbox.roots, files)
 
     def check(
-        self, cwd: str, trial_id: str, environ: Mapping[str, str] | None = None, read_only: Sequence[str] = ()
+        self,
+        cwd: str,
+        trial_id: str,
+        environ: Mapping[str, str] | None = None,
+        read_only: Sequence[str] = (),
+        caller: tuple[str, ...] = (),
     ) -> tuple[Pin, Layout]:
         """Before the call is charged: the trial's /tmp (made if need be), and the call's layout.
 
@@ -173,7 +178,17 @@ class Plan:
         pinned.check(self.sandbox.pins)
         roots = self.sandbox.roots
         # trial-tool's own files, and what the caller names: bound read-only where writable.
-        own = [*ownfiles.paths(self.rank_file), *(path for path in read_only if os.path.exists(path))]
+        own, missing = ownfiles.paths(self.rank_file, caller)
+        own += [path for path in read_only if os.path.exists(path)]
+        for path in missing:
+            if any(inside(path, root) for root in roots):
+                # An import path entry yet to be made, where a command could make it: made now, empty.
+                try:
+                    pinned.make_directories(path)
+                except OSError as exc:
+                    msg = f"trial-tool's import path entry {plain(path)} cannot be made safely: {exc.strerror}"
+                    raise SandboxError(msg) from exc
+                own.append(path)
         servers = {serverdir.directory(os.environ), serverdir.directory(environ or os.environ)}
         # Those under /tmp and /run need nothing, unless a writable path brings them back:
         # the sandbox has its own of each.

@@ -69,7 +69,11 @@ def _hold(path: str, roots: tuple[str, ...], held: set[str]) -> None:
 
 
 def layout(
-    roots: tuple[str, ...], files: list[str], *, directories: Sequence[str] = (), own: Sequence[str] = ()
+    roots: tuple[str, ...],
+    files: list[str],
+    *,
+    directories: Sequence[str] = (),
+    own: Sequence[str] = (),
 ) -> Layout:
     """Where each of the trial's `files`, the hidden `directories` and trial-tool's `own` paths are kept.
 

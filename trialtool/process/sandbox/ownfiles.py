@@ -7,7 +7,10 @@ the harness's next call would run it on the host. So every such path is bound
 read-only inside the sandbox (layout.py): the interpreter and its prefixes,
 every directory on this process's import path, the trialtool package, the
 pycache prefix, the rank file. A path outside every writable path needs
-nothing: the sandbox sees the host's root read-only.
+nothing: the sandbox sees the host's root read-only. An import path entry
+that does not exist yet is as dangerous (a command could make it, and the
+next interpreter would import from it): inside a writable path trial-tool
+makes it, empty, and binds it read-only like the rest.
 
 An import path entry that *is* a writable path (a harness run with `python -c`
 or `python harness.py` in its workspace) cannot be made read-only without
@@ -21,30 +24,48 @@ from __future__ import annotations
 import os
 import sys
 
+#: The candidates last computed, by what they were computed from: sys.path rarely changes.
+_CACHE: dict[tuple[object, ...], list[str]] = {}
 
-def paths(rank_file: str | None) -> list[str]:
-    """Every file and directory trial-tool runs or imports from, canonical, that exists now."""
+
+def _candidates(rank_file: str | None, caller: tuple[str, ...] = ()) -> list[str]:
+    """Every path trial-tool runs or imports from, or would import from were it there, canonical.
+
+    `caller` adds the interpreter, prefixes and import path of the process the call is
+    made for, when that is another one (the per-user server's CLI callers).
+    """
+    import site
+
     import trialtool
 
-    names = [
-        sys.executable,
-        sys.prefix,
-        sys.exec_prefix,
-        sys.base_prefix,
-        sys.base_exec_prefix,
-        os.path.dirname(os.path.abspath(trialtool.__file__)),
-        *(entry or os.getcwd() for entry in sys.path),
-    ]
-    if sys.pycache_prefix:
-        names.append(sys.pycache_prefix)
-    if rank_file:
-        names.append(rank_file)
-    found = set()
-    for name in names:
-        for path in {os.path.abspath(name), os.path.realpath(name)}:
-            if os.path.exists(path):
-                found.add(os.path.realpath(path))
-    return sorted(found)
+    user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    key = (tuple(sys.path), sys.executable, sys.prefix, sys.pycache_prefix, rank_file, user_site, os.getcwd(), caller)
+    found = _CACHE.get(key)
+    if found is None:
+        names = [
+            sys.executable,
+            sys.prefix,
+            sys.exec_prefix,
+            sys.base_prefix,
+            sys.base_exec_prefix,
+            os.path.dirname(os.path.abspath(trialtool.__file__)),
+            *(entry or os.getcwd() for entry in sys.path),
+            *(name for name in (sys.pycache_prefix, rank_file, user_site) if name),
+            *(name for name in caller if name),
+        ]
+        found = sorted({os.path.realpath(path) for name in names for path in (os.path.abspath(name), name)})
+        _CACHE.clear()
+        _CACHE[key] = found
+    return found
+
+
+def paths(rank_file: str | None, caller: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """(the paths trial-tool runs or imports from that exist now, those that do not yet)."""
+    existing: list[str] = []
+    missing: list[str] = []
+    for path in _candidates(rank_file, caller):
+        (existing if os.path.exists(path) else missing).append(path)
+    return existing, missing
 
 
 __all__ = ["paths"]

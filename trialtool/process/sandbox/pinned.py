@@ -68,10 +68,27 @@ def open_pinned(pin: Pin) -> int:
     return fd
 
 
+def make_directories(path: str) -> None:
+    """Make canonical absolute `path` and its missing parents (0755), never through a symlink; OSError if one is."""
+    parts = [part for part in path.split("/") if part]
+    fd = os.open("/", _FLAGS | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+            except FileExistsError:
+                pass
+            following = os.open(part, _FLAGS | os.O_DIRECTORY, dir_fd=fd)  # ENOTDIR/ELOOP on a symlink
+            os.close(fd)
+            fd = following
+    finally:
+        os.close(fd)
+
+
 def check(pins: tuple[Pin, ...]) -> None:
     """Every pin still reachable and the same file; SandboxError naming the first that is not."""
     for pin in pins:
         os.close(open_pinned(pin))
 
 
-__all__ = ["check", "open_nofollow", "open_pinned"]
+__all__ = ["check", "make_directories", "open_nofollow", "open_pinned"]
