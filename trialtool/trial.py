@@ -119,6 +119,7 @@ class Trial:
             server, self._forkserver = self._forkserver, None
         if server is not None:
             server.close()
+        seam.settle()
 
     def init(self) -> TrialState:
         """Create the trial (and its missing directories) and pin its limits; an existing one is fine if they match."""
@@ -308,7 +309,9 @@ class Trial:
             self._check_rank_file(state)
             _reserve_spools(launcher, state.limits.max_capture_bytes)
             sandboxed.clear()
-            if state.sandbox.mode != "none":
+            if state.sandbox.mode == "none":
+                seam.settle()
+            else:
                 plan = self._plan(state.sandbox)
                 cwd = spawn["cwd"] or os.getcwd()
                 tmp, hide = plan.check(cwd, state.trial_id, environ, read_only, caller)
@@ -319,6 +322,8 @@ class Trial:
         def one_at_a_time(state: TrialState) -> bool:
             return state.sandbox.mode != "none" and self._plan(state.sandbox).layout.exposed
 
+        if self.overrides.get("sandbox") != "none":
+            seam.probe_ahead(self.ledger.state_path)  # its few ms overlap the reservation
         overrides = self.overrides
         if environ is not None:
             # The caller's PATH, where a trial created now finds its sandbox (the per-user server's callers).

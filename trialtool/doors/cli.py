@@ -155,6 +155,10 @@ def _run_call(args: Arguments, tool_argv: list[str]) -> int:
         # After the fork, so that the supervisor gets ready meanwhile; before the command
         # starts, so that it cannot open this process's stdout through /proc.
         make_undumpable()
+        if args.sandbox != "none":
+            from ..process.sandbox.executable import probe_ahead
+
+            probe_ahead(os.path.abspath(args.state))  # whether the pinned bwrap runs, found out while the rest loads
         from ..process import environment
         from ..process.interrupts import InterruptWatch
         from ..trial import use_launcher

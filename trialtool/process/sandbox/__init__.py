@@ -16,7 +16,7 @@ from __future__ import annotations
 from . import bwrap, none
 from .base import Backend
 from .bwrap import Plan
-from .executable import available, unavailable
+from .executable import available, probe_ahead, settle, unavailable
 from .layout import Layout
 
 #: Every backend, by the name a trial pins.
@@ -28,4 +28,14 @@ def backend(mode: str) -> Backend:
     return BACKENDS[mode]
 
 
-__all__ = ["BACKENDS", "Backend", "Layout", "Plan", "available", "backend", "unavailable"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Layout",
+    "Plan",
+    "available",
+    "backend",
+    "probe_ahead",
+    "settle",
+    "unavailable",
+]

@@ -37,6 +37,8 @@ _FALLBACK_DIRECTORIES = ("/usr/bin", "/bin")
 #: Executables that ran a sandbox in this process. Only "yes" is kept: a "no" is asked again
 #: on the next call, so that installing bwrap, or allowing user namespaces, is seen at once.
 _WORKS: set[Binary] = set()
+#: Probes started ahead (start_probe), not yet collected: (pid, stderr's read end).
+_PENDING: dict[Binary, tuple[int, int]] = {}
 _GUARD = threading.Lock()
 
 
@@ -117,11 +119,83 @@ def probe(binary: Binary) -> str | None:
     """Why `binary` cannot make a sandbox here, or None when it can: a tiny one, made as a call's is (5-10 ms).
 
     bwrap can be installed and still be refused the namespaces it needs (user
-    namespaces disabled, AppArmor's restriction, a container without them).
+    namespaces disabled, AppArmor's restriction, a container without them). A
+    probe started ahead (`start_probe`) is collected rather than run again.
     """
     with _GUARD:
         if binary in _WORKS:
             return None
+        started = _PENDING.pop(binary, None)
+    pid, err_r = started if started is not None else _spawn(binary)
+    if pid < 0:
+        return f"{binary.path} cannot be executed: {os.strerror(err_r)}"
+    with os.fdopen(err_r, "rb") as stream:
+        said = stream.read(4096)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code == 0:
+        with _GUARD:
+            _WORKS.add(binary)
+        return None
+    lines = said.decode("utf-8", "replace").strip().splitlines()
+    why = lines[-1] if lines else f"{binary.path} exited with status {code}"
+    return f"bubblewrap cannot make a sandbox here ({why}); see docs/sandbox.md for the usual causes"
+
+
+def start_probe(binary: Binary) -> None:
+    """Start `probe(binary)` now, so that its 5-10 ms overlap the ledger's work; for a cold call.
+
+    Only for an executable that passes `check_binary` (the caller read it from the
+    trial's state, which no command can reach); a no-op once it is known to work.
+    """
+    with _GUARD:
+        if binary in _WORKS or binary in _PENDING:
+            return
+    try:
+        check_binary(binary)
+    except SandboxError:
+        return  # the reservation's own check says why
+    started = _spawn(binary)
+    if started[0] >= 0:
+        with _GUARD:
+            _PENDING[binary] = started
+
+
+def probe_ahead(state_path: str) -> None:
+    """`start_probe` for the bwrap a trial's state pins, read without the ledger's lock; for a cold call.
+
+    Only the pinned executable is taken from the state, and `start_probe` checks it
+    again; the reservation reads the state properly. Nothing is started for a trial
+    that does not exist yet, is unsandboxed, or whose state cannot be read.
+    """
+    import json
+
+    from ...sandbox import from_state
+
+    try:
+        fd = os.open(state_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            pinned = from_state(json.loads(handle.read(1 << 20)).get("sandbox"))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return
+    if pinned.binary is not None:
+        start_probe(pinned.binary)
+
+
+def settle() -> None:
+    """Reap every probe started ahead and not collected (the call turned out not to need it)."""
+    with _GUARD:
+        pending = list(_PENDING.values())
+        _PENDING.clear()
+    for pid, err_r in pending:
+        os.close(err_r)
+        os.waitpid(pid, 0)
+
+
+def _spawn(binary: Binary) -> tuple[int, int]:
+    """Start the probe: (its pid, the read end of its stderr), or (-1, errno) if it cannot be executed."""
     import fcntl
 
     opened = os.open("/", os.O_PATH | os.O_CLOEXEC)
@@ -145,20 +219,11 @@ def probe(binary: Binary) -> str | None:
         )
     except OSError as exc:
         os.close(err_r)
-        return f"{binary.path} cannot be executed: {exc.strerror}"
+        return -1, exc.errno or 0
     finally:
         os.close(err_w)
         os.close(root)
-    with os.fdopen(err_r, "rb") as stream:
-        said = stream.read(4096)
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    if code == 0:
-        with _GUARD:
-            _WORKS.add(binary)
-        return None
-    lines = said.decode("utf-8", "replace").strip().splitlines()
-    why = lines[-1] if lines else f"{binary.path} exited with status {code}"
-    return f"bubblewrap cannot make a sandbox here ({why}); see docs/sandbox.md for the usual causes"
+    return pid, err_r
 
 
 def available(roots: tuple[str, ...], search_path: str | None = None) -> tuple[Binary | None, str | None]:
@@ -175,4 +240,15 @@ def unavailable() -> str | None:
     return available(())[1]
 
 
-__all__ = ["ISOLATION", "STATUS_FD", "available", "check_binary", "find", "probe", "unavailable"]
+__all__ = [
+    "ISOLATION",
+    "STATUS_FD",
+    "available",
+    "check_binary",
+    "find",
+    "probe",
+    "probe_ahead",
+    "settle",
+    "start_probe",
+    "unavailable",
+]
