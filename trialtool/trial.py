@@ -179,8 +179,8 @@ class Trial:
         if plan is None:
             path = self.ledger.state_path
             files = [path, self.ledger.log_path, path + ".lock", *self.hidden_files]
-            rank = None if self._rank_file is None else os.fspath(self._rank_file)
-            plan = self._plans[sandbox] = seam.Plan(sandbox, path, files, rank or self._rank_path)
+            # The rank file as the reservation's preflight located it (_check_rank_file, which runs first).
+            plan = self._plans[sandbox] = seam.Plan(sandbox, path, files, self._rank_path)
         return plan
 
     def _check_rank_file(self, state: TrialState) -> None:

@@ -405,6 +405,15 @@ def test_auto_says_why_it_fell_back(host: Host) -> None:
         timeout=60,
     )
     assert "No permissions to create new namespace" in status.stdout, status.stdout
+    report = subprocess.run(
+        [PY, "-m", "trialtool", "report", str(host.state.parent), "--format", "csv"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert report.returncode == 0, report.stderr
+    header, row = report.stdout.splitlines()[:2]
+    assert "sandbox_fallback" in header.split(",") and "No permissions to create new namespace" in row
     # Asked for outright, it is refused with bwrap's own words, nothing created.
     strict = subprocess.run(
         [

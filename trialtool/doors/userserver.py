@@ -274,13 +274,19 @@ class Server:
         return trial
 
 
-def _linger(conn: socket.socket) -> None:
-    """Let the peer read what was sent: closing with its request unread would reset the connection first."""
+def _linger(conn: socket.socket, seconds: float = 1.0) -> None:
+    """Let the peer read what was sent: closing with its request unread would reset the connection first.
+
+    What it sends meanwhile is read and dropped, for `seconds` at most: a peer of
+    another world holds no thread of this server longer than that.
+    """
+    until = time.monotonic() + seconds
     try:
         conn.shutdown(socket.SHUT_WR)
-        conn.settimeout(1.0)
-        while conn.recv(1 << 16):
-            pass
+        while (left := until - time.monotonic()) > 0:
+            conn.settimeout(left)
+            if not conn.recv(1 << 16):
+                break
     except OSError:
         pass
 
