@@ -217,3 +217,48 @@ def test_a_progress_bar_only_on_a_terminal(bench: Path) -> None:
         os.close(leader)
     assert done.returncode == 1 and b"verifying [" in seen and b"6/6" in seen
     assert b"verifying" not in cli("report", str(bench)).stderr  # not a terminal: no bar
+
+
+@pytest.mark.timeout(120)
+def test_output_to_a_device_or_fifo_writes_to_it_and_never_replaces_it(bench: Path, tmp_path: Path) -> None:
+    import os
+    import stat
+    import threading
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a device node (a node of the test's own, never the machine's /dev/null)")
+    null = tmp_path / "null"
+    os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    read: list[bytes] = []
+    reader = threading.Thread(target=lambda: read.append(fifo.read_bytes()))
+    reader.start()
+    try:
+        for target in (null, fifo):
+            for command in (["report", str(bench), "--format", "csv"], ["export", str(bench), "--format", "csv"]):
+                if target == fifo and command[0] == "export":
+                    continue  # one writer for the one reader
+                done = cli(*command, "-o", str(target))
+                assert done.returncode in (0, 1), done.stderr
+    finally:
+        reader.join(timeout=60)
+    assert stat.S_ISCHR(null.stat().st_mode) and null.stat().st_rdev == os.makedev(1, 3)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert read and read[0].startswith(b"trial,")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["fifo", "null"]  # no temporary left
+
+
+def test_output_through_a_symlink_replaces_what_it_points_to(bench: Path, tmp_path: Path) -> None:
+    target = tmp_path / "reports" / "latest.csv"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link = tmp_path / "report.csv"
+    link.symlink_to(target)
+    done = cli("report", str(bench), "--format", "csv", "-o", str(link))
+    assert done.returncode in (0, 1), done.stderr
+    assert link.is_symlink() and target.read_text().startswith("trial,")
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    refused = cli("report", str(bench), "--format", "csv", "-o", str(directory))
+    assert refused.returncode == 125 and refused.stderr.count(b"\n") == 1 and b"directory" in refused.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -198,3 +199,41 @@ def test_a_commit_between_the_reads_is_not_taken_for_damage(files: TrialFiles, m
     assert fired
     report = check(taken, str(files.state))
     assert report.ok and not report.recoverable and report.records == 2
+
+
+def test_what_a_command_wrote_or_named_cannot_drive_the_graders_terminal(files: TrialFiles) -> None:
+    # A command line with a newline, a title-setting sequence and a bidi override; output that clears the screen.
+    evil = ["sh", "-c", "printf '\\033[2J\\033]0;pwned\\007fine\\n'", "x\n1  +0.0s  0.00  ok  0  1/1    forged\u202e"]
+    make_trial(files.state, files.log, [evil])
+    flags = ["--state", str(files.state), "--log", str(files.log)]
+    shown = files.cli("show", *flags, env={**os.environ, "COLUMNS": "400"})  # the command column uncut
+    assert shown.returncode == 0, shown.stderr
+    table = shown.stdout.decode()
+    assert "\x1b" not in table and "\u202e" not in table and "\x07" not in table
+    assert len(table.splitlines()) == 2  # the header and the one call: no forged row
+    assert "\\n1" in table and "\\u202e" in table
+    one = files.cli("show", *flags, "--call", "1").stdout.decode()
+    assert "\x1b" not in one and "\\x1b[2J\\x1b]0;pwned\\x07fine" in one
+    status = files.cli("status", *flags).stdout.decode()
+    assert "\x1b" not in status
+
+
+def test_show_gives_the_exit_code_the_agent_got(files: TrialFiles) -> None:
+    make_trial(files.state, files.log, [["sleep", "30"], ["sh", "-c", "exit 3"]], {"call_timeout": 0.5})
+    table = files.cli("show", "--state", str(files.state), "--log", str(files.log)).stdout.decode()
+    deadline, plain = table.splitlines()[1:3]
+    assert " 124 (143) " in deadline or " 124 (sig15) " in deadline, deadline
+    assert " 3 " in plain and "(" not in plain.split()[4], plain
+
+
+def test_a_csv_cell_that_starts_like_a_formula_is_text(files: TrialFiles, tmp_path: Path) -> None:
+    make_trial(files.state, files.log, [["sh", "-c", 'echo \'=HYPERLINK("http://x","y")\''], ["printf", "+1"]])
+    done = files.cli("export", str(files.state), "--format", "csv", "--text")
+    assert done.returncode == 0, done.stderr
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(done.stdout.decode())))
+    texts = [row[name] for row in rows for name in row if name and "stdout" in name and row[name]]
+    assert any(text.startswith("'=HYPERLINK(") for text in texts), texts
+    assert not any(text.startswith(("=", "+")) for text in texts)

@@ -92,14 +92,37 @@ def show(args: Arguments, key: bytes | None) -> int:
             text = str(delivered[name])
             print(f"--- {name} ---" + ("" if text else " (empty)"))
             if text:
+                # What the command wrote, its control characters shown as escapes (render.visible).
+                text = render.visible(text, block=True)
                 print(text, end="" if text.endswith("\n") else "\n")
     return 0
 
 
 @contextmanager
 def _temporary(path: str) -> Iterator[str]:
-    """A temporary path beside `path`, renamed to it when the block ends well, removed otherwise."""
-    directory = os.path.dirname(os.path.abspath(path))
+    """Where to write what `-o path` names: a temporary beside it, renamed to it when the block ends well.
+
+    Only a regular file (or nothing) is replaced so. A device or a FIFO is written
+    to directly, never replaced by a file (`-o /dev/null` keeps the node); a socket
+    or a directory is refused. A symbolic link is followed: what it points to is
+    written, by these same rules, and the link stays.
+    """
+    import stat
+
+    path = os.path.realpath(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise StorageError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode)):
+        yield path
+        return
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file"
+        raise StorageError(f"cannot write {path}: it is {kind}")
+    directory = os.path.dirname(path)
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:
         yield temporary

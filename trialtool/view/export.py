@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from ..errors import TrialToolError, UsageError
 from . import calls as call_rows
+from .render import spreadsheet_safe
 
 #: The trial's columns, ahead of each call's, with their kinds.
 TRIAL_SCHEMA = (
@@ -108,7 +109,8 @@ def write_csv(source: Iterator[dict[str, Any]], out: IO[str], with_text: bool) -
     writer.writeheader()
     count = 0
     for row in source:
-        writer.writerow(row)
+        # A cell that a spreadsheet would take for a formula is written as text (render.spreadsheet_safe).
+        writer.writerow({name: spreadsheet_safe(value) for name, value in row.items()})
         count += 1
     return count
 

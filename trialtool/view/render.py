@@ -31,6 +31,39 @@ TRIAL_COLUMNS = (
 )
 
 
+#: Characters a terminal acts on rather than shows: C0 and C1 controls, DEL, and the bidirectional
+#: overrides and isolates that reorder what follows them.
+_ACTIVE = {
+    **{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
+    **{code: f"\\u{code:04x}" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))},
+}
+_ACTIVE.update({ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"})
+#: The same, for a block of text shown as lines: its newlines and tabs stay.
+_ACTIVE_IN_BLOCK = {code: text for code, text in _ACTIVE.items() if code not in (ord("\n"), ord("\t"))}
+
+
+def visible(value: object, *, block: bool = False) -> str:
+    """`value` as text that shows on a terminal as it is: every control character a visible escape.
+
+    What a command wrote or named (its command line, a path, a reason) reaches the
+    grader's terminal only so: no newline forges a row, no escape sequence moves the
+    cursor, clears the screen or sets the window's title. A `block` (a call's
+    output, shown as lines) keeps its newlines and tabs.
+    """
+    return str(value).translate(_ACTIVE_IN_BLOCK if block else _ACTIVE)
+
+
+#: What a spreadsheet reads as the start of a formula (OWASP's CSV injection list).
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows as text: one starting like a formula gets a leading apostrophe."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
     """`trial-tool status` for people: what is used and left of each budget, and whether the trial is intact."""
     limits = summary["limits"]
@@ -58,7 +91,7 @@ def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
         f"head      {summary['head']}",
         f"integrity {intact}" + (f": {integrity['why']}" if verdict not in ("clean",) and "why" in integrity else ""),
     ]
-    return "\n".join(lines)
+    return "\n".join(visible(line) for line in lines)
 
 
 def _statuses(statuses: dict[str, int]) -> str:
@@ -75,21 +108,27 @@ def calls_table(records: list[dict[str, Any]], started_at: str | None, width: in
         start = _parse_time(record.get("started_at_utc") or record.get("at_utc"))
         offset = f"+{(start - origin).total_seconds():.1f}s" if start and origin else "-"
         ran = record.get("elapsed_seconds")
-        exit_code = record.get("command_exit_code")
-        if exit_code is None and record.get("command_signal") is not None:
-            exit_code = f"sig{record['command_signal']}"
+        # What the agent got (124 for a deadline), with the command's own status beside it when it differs.
+        command_code = record.get("command_exit_code")
+        if command_code is None and record.get("command_signal") is not None:
+            command_code = f"sig{record['command_signal']}"
+        exit_code = record.get("return_code")
+        if exit_code is None:
+            exit_code = command_code
+        elif command_code is not None and str(command_code) != str(exit_code):
+            exit_code = f"{exit_code} ({command_code})"
         tokens = record.get("delivered_emitted_tokens")
         allowance = record.get("allowance_tokens")
         rows.append(
             (
-                str(record.get("sequence", "-")),
+                visible(record.get("sequence", "-")),
                 offset,
                 f"{ran:.2f}" if isinstance(ran, (int, float)) else "-",
-                str(record.get("status") or record.get("record_type")),
-                "-" if exit_code is None else str(exit_code),
-                "-" if tokens is None else f"{tokens}/{allowance}",
+                visible(record.get("status") or record.get("record_type")),
+                "-" if exit_code is None else visible(exit_code),
+                "-" if tokens is None else visible(f"{tokens}/{allowance}"),
                 "yes" if record.get("output_truncated") else "",
-                command_text(record) if record.get("record_type") != "trial_tool_repair" else "(log repaired)",
+                visible(command_text(record)) if record.get("record_type") != "trial_tool_repair" else "(log repaired)",
             )
         )
     return _table(header, rows, width)
@@ -182,7 +221,7 @@ def overview_lines(overview: dict[str, Any]) -> list[str]:
         groups = overview["scores"]["by_ended_by"]
         shown = ", ".join(f"{name}: {group['mean']:g} over {group['trials']}" for name, group in groups.items())
         lines.append(f"mean score by what ended the trial ({overview['scores']['matched']} scored): {shown}")
-    return lines
+    return [visible(line) for line in lines]
 
 
 def report_table(report: Any, out: IO[str], base: str | None) -> None:
@@ -197,10 +236,10 @@ def report_table(report: Any, out: IO[str], base: str | None) -> None:
                 f"{row['calls']}/{row['max_calls']}",
                 f"{row['tokens']}/{row['max_tokens']}",
                 f"{row['seconds']:g}",
-                row["ended_by"] or "-",
-                row["integrity"],
+                visible(row["ended_by"] or "-"),
+                visible(row["integrity"]),
                 "" if row["score"] == "" else f"{row['score']:g}",
-                row["trial"] + (f"  ({row['why']})" if row["why"] else ""),
+                visible(row["trial"] + (f"  ({row['why']})" if row["why"] else "")),
             )
         )
         if len(batch) == 1000:  # aligned per thousand rows, so the table streams
@@ -215,7 +254,7 @@ def report_markdown(report: Any, out: IO[str], base: str | None) -> None:
     out.write("| " + " | ".join(TRIAL_COLUMNS) + " |\n|" + " --- |" * len(TRIAL_COLUMNS) + "\n")
     for summary in report.trials():
         row = trial_row(summary, base)
-        cells = [str(row[column]).replace("|", "\\|").replace("\n", " ") for column in TRIAL_COLUMNS]
+        cells = [visible(row[column]).replace("|", "\\|") for column in TRIAL_COLUMNS]
         out.write("| " + " | ".join(cells) + " |\n")
 
 
@@ -223,7 +262,7 @@ def report_csv(report: Any, out: IO[str], base: str | None) -> None:
     writer = csv.DictWriter(out, fieldnames=TRIAL_COLUMNS)
     writer.writeheader()
     for summary in report.trials():
-        writer.writerow(trial_row(summary, base))
+        writer.writerow({name: spreadsheet_safe(value) for name, value in trial_row(summary, base).items()})
 
 
 def report_json(report: Any, out: IO[str], base: str | None) -> None:
@@ -243,6 +282,8 @@ __all__ = [
     "report_json",
     "report_markdown",
     "report_table",
+    "spreadsheet_safe",
     "status_text",
     "trial_row",
+    "visible",
 ]
