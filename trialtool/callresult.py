@@ -31,6 +31,9 @@ class CallResult(NamedTuple):
     record: dict[str, Any]
     #: The trial's budget just after this call was recorded.
     budget: Budget
+    #: The log's chain head just after this call was recorded. Kept outside the trial, it lets
+    #: `trial-tool verify --expect-head` catch any record appended after it, keyed or not.
+    head: str = ""
 
     def as_json(self) -> dict[str, Any]:
         """The result as the front doors (serve, mcp) report it: everything but the audit record."""

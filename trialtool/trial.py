@@ -440,6 +440,7 @@ class Trial:
             output_truncated=out.clipped or err.clipped,
             record=record,
             budget=budget.of(state),
+            head=state.log.head,
         )
 
 

@@ -221,7 +221,9 @@ def test_json_prints_the_result_as_serve_does(trial: TrialFiles) -> None:
         "allowance",
         "output_truncated",
         "budget",
+        "head",
     }
+    assert result["head"] == json.loads(trial.state.read_text())["log"]["head"]
     assert set(result["budget"]) == set(responses[0]["result"])
     # A refusal: the error object on stdout, the one line on stderr, the usual exit code.
     refused = trial.call("true", flags=("--json", "--max-calls", "1"))

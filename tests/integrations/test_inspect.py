@@ -106,7 +106,9 @@ def test_each_sample_runs_in_a_trial_of_its_own(tmp_path: Path) -> None:
         assert account["budget"]["calls_used"] == 3 and account["budget"]["tokens_used"] == stored["emitted_tokens"]
         assert account["budget"]["refused_calls"] == 1 and account["budget"]["exhausted"]
         assert account["limits"]["max_calls"] == 3
-        assert verify(state, trial_log).ok
+        # The trial's identity and its chain head (after the refusal's record), to join and anchor it.
+        assert account["trial_id"] == stored["trial_id"] and account["head"] == stored["log"]["head"]
+        assert verify(state, trial_log, expect_head=account["head"]).verdict == "clean"
         spans.append((records[0]["started_at_utc"], records[2]["ended_at_utc"]))
     # The two samples ran at the same time, each against its own budget.
     (start1, end1), (start2, end2) = spans

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,9 @@ def test_a_spent_budget_ends_the_run_as_minis_own_limits_do(tmp_path: Path) -> N
     # The trajectory says where the trial is and what it used.
     info = agent.serialize()["info"]["trial_tool"]
     assert info["state"] == str(tmp_path / "state.json") and info["budget"]["calls_used"] == 2
+    stored = json.loads((tmp_path / "state.json").read_text())
+    assert info["trial_id"] == stored["trial_id"] and info["head"] == stored["log"]["head"]
+    assert second["extra"]["trial_tool"]["head"] != info["head"]  # the refusal's record came after it
 
 
 def test_observe_lets_the_model_read_the_refusal(tmp_path: Path) -> None:

@@ -67,7 +67,7 @@ def test_two_trials_cannot_share_a_log(trial: TrialFiles) -> None:
     assert not report.ok and any("another trial" in p.message for p in report.problems)
 
 
-def test_verify_calls_a_crash_one_record_behind_recoverable(trial: TrialFiles, tmp_path: Path) -> None:
+def test_verify_calls_a_crash_one_record_behind_unconfirmed(trial: TrialFiles, tmp_path: Path) -> None:
     assert trial.call("echo", "first").returncode == 0
     reserved = json.loads(trial.state.read_text())
     assert trial.call("echo", "second").returncode == 0
@@ -77,17 +77,19 @@ def test_verify_calls_a_crash_one_record_behind_recoverable(trial: TrialFiles, t
     trial.state.write_text(json.dumps(reserved))
     done = trial.cli("verify", "--state", str(trial.state), "--log", str(trial.log))
     assert done.returncode == 0, done.stdout
-    assert b"recoverable: the log is one record ahead of the state" in done.stdout
+    assert b"unconfirmed: the log's last record (line 2, call 2) is not counted by the state" in done.stdout
+    strict = trial.cli("verify", "--strict", "--state", str(trial.state), "--log", str(trial.log))
+    assert strict.returncode == 4, strict.stdout
     assert trial.call("echo", "third").returncode == 0  # rolled forward, as verify said
-    assert verify(trial.state, trial.log).recoverable == []
+    assert verify(trial.state, trial.log).verdict == "clean"
 
 
-def test_verify_calls_a_torn_last_line_recoverable(trial: TrialFiles) -> None:
+def test_verify_calls_a_torn_last_line_unconfirmed(trial: TrialFiles) -> None:
     assert trial.call("echo", "first").returncode == 0
     with trial.log.open("ab") as handle:
         handle.write(b'{"record_type":"trial_tool_call","seq')
     report = verify(trial.state, trial.log)
-    assert report.ok and "torn" in report.recoverable[0]
+    assert report.ok and report.verdict == "unconfirmed" and "torn" in str(report.why)
 
 
 @pytest.mark.timeout(60)

@@ -28,7 +28,7 @@ def test_status_says_what_is_used_and_left(files: TrialFiles) -> None:
     text = done.stdout.decode()
     assert "3 of 3 used, 0 left" in text
     assert "refused   1 (ended by calls)" in text
-    assert "integrity intact" in text
+    assert "integrity clean" in text
     head = json.loads(files.state.read_text())["log"]["head"]
     assert f"head      {head}" in text
     assert len(text.splitlines()) <= 12
@@ -154,7 +154,7 @@ def test_a_trial_being_written_is_read_at_one_moment(files: TrialFiles) -> None:
         writer.wait(timeout=60)
     assert writer.returncode == 0
     verdicts = {verdict for verdict, _ in seen}
-    assert verdicts <= {"clean", "in_progress"}, verdicts
+    assert verdicts <= {"clean", "in_flight"}, verdicts
     counts = [calls for _, calls in seen]
     assert counts == sorted(counts) and len(seen) > 5
     final = summarize(str(files.state), str(files.log))

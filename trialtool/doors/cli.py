@@ -34,8 +34,6 @@ if TYPE_CHECKING:
 
 #: The ledger key, when not given by --key-file. Never passed to the command.
 KEY_ENV = "TRIALTOOL_LEDGER_KEY"
-#: `verify` found a problem.
-EXIT_VERIFY_FAILED = 1
 
 
 def read_key_file(path: str, setting: str = "--key-file") -> bytes:
@@ -275,10 +273,11 @@ def _run(argv: list[str]) -> int:
         import json
 
         from ..ledger.verify import render, verify
+        from .graders import verdict_exit
 
-        report = verify(args.state, args.log, key_of(args))
+        report = verify(args.state, args.log, key_of(args), args.expect_head)
         print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
-        return 0 if report.ok else EXIT_VERIFY_FAILED
+        return verdict_exit(report.verdict, strict=args.strict)
     if command in ("status", "show", "report", "export"):
         from . import graders
 

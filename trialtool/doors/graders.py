@@ -21,6 +21,17 @@ from .options import Arguments
 EXIT_NOT_INTACT = 1
 REPORT_FORMATS = ("table", "json", "csv", "markdown", "html")
 
+#: `verify`'s and `report`'s exit code for each verdict (ledger/verify.py); those of `unconfirmed`
+#: and `in_flight`, a crash or a call under way, only with --strict (without it, 0).
+EXIT_OF_VERDICT = {"clean": 0, "failed": 1, "unverified": 3, "unconfirmed": 4, "in_flight": 5}
+
+
+def verdict_exit(verdict: str, *, strict: bool) -> int:
+    """The exit code that says `verdict` (the most serious of a report's)."""
+    if not strict and verdict in ("unconfirmed", "in_flight"):
+        return 0
+    return EXIT_OF_VERDICT[verdict]
+
 
 def status(args: Arguments, key: bytes | None) -> int:
     from ..view import render
@@ -161,7 +172,10 @@ def report(args: Arguments, key: bytes | None) -> int:
     if chosen == "html":
         html.plotly_js()  # the extra is there, before any trial is read
     scores = reports.load_scores(args.scores) if args.scores else None
-    built = reports.build(find(args.paths), key=key, workers=args.jobs, scores=scores, with_calls=chosen == "html")
+    heads = reports.load_heads(args.heads) if args.heads else None
+    built = reports.build(
+        find(args.paths), key=key, workers=args.jobs, scores=scores, with_calls=chosen == "html", heads=heads
+    )
     base = os.path.commonpath([os.path.abspath(p) for p in args.paths if "*" not in p] or [os.getcwd()])
     writers: dict[str, Callable[..., None]] = {
         "table": render.report_table,
@@ -177,8 +191,11 @@ def report(args: Arguments, key: bytes | None) -> int:
                 writers[chosen](built, out, base if os.path.isdir(base) else os.path.dirname(base))
     finally:
         built.close()
-    integrity = built.overview["integrity"]
-    return EXIT_NOT_INTACT if integrity.get("failed") else 0
+    from ..ledger.verify import VERDICTS
+
+    counts = built.overview["integrity"]
+    worst = next((verdict for verdict in VERDICTS if counts.get(verdict)), "clean")
+    return verdict_exit(worst, strict=args.strict)
 
 
 def export(args: Arguments) -> int:
@@ -203,4 +220,4 @@ def export(args: Arguments) -> int:
     return 0
 
 
-__all__ = ["EXIT_NOT_INTACT", "export", "report", "show", "status"]
+__all__ = ["EXIT_NOT_INTACT", "EXIT_OF_VERDICT", "export", "report", "show", "status", "verdict_exit"]

@@ -45,6 +45,9 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
         "file holding the ledger key (else $TRIALTOOL_LEDGER_KEY)",
     ),
     ("--json", "json", "switch", ("verify", "status", "show"), None, "print JSON instead of text"),
+    ("--strict", "strict", "switch", ("verify", "report"), None, "exit non-zero for any trial that is not clean"),
+    ("--heads", "heads", "text", ("report",), None, "trial_id and head the harness was given, CSV or JSONL"),
+    ("--expect-head", "expect_head", "text", ("verify",), None, "the chain head the harness was last given"),
     ("--call", "call", "whole", ("show",), None, "one call's whole record and the text it delivered"),
     (
         "--format",

@@ -111,11 +111,14 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         workspace = directory / "workspace"
         trial, created = await asyncio.to_thread(_create_trial, directory, workspace, settings)
         account = {
+            "trial_id": created.trial_id,
             "state": str(directory / "state.json"),
             "log": str(directory / "log.jsonl"),
             "workspace": str(workspace),
             "limits": created.limits._asdict(),
             "budget": budget.of(created).as_json(),
+            # The log's chain head after the last call: `trial-tool verify --expect-head` checks against it.
+            "head": created.log.head,
         }
         environment = cls(trial, workspace, settings, account)
         # inspect probes each sandbox for root at sample init with an exec, unless the sandbox
@@ -136,8 +139,7 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         for environment in environments.values():
             own = environment.as_type(TrialSandboxEnvironment)
             try:
-                own.account["budget"] = (await asyncio.to_thread(own.trial.budget)).as_json()
-                own._publish()
+                await own._account_from_state()
             except TrialToolError:
                 pass  # the account keeps the budget of the last call
             await asyncio.to_thread(own.trial.close)
@@ -182,13 +184,20 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             )
         except TrialToolError as exc:
             if isinstance(exc, BudgetExhausted):
-                # The refusal is counted in the trial: the account says so too.
-                self.account["budget"] = (await asyncio.to_thread(self.trial.budget)).as_json()
-                self._publish()
+                # The refusal is counted (and logged) in the trial: the account says so too.
+                await self._account_from_state()
             return ExecResult(False, exc.exit_code, "", agentview.refusal(exc))
         self.account["budget"] = result.budget.as_json()
+        self.account["head"] = result.head
         self._publish()
         return ExecResult(result.exit_code == 0, result.exit_code, result.stdout, result.stderr)
+
+    async def _account_from_state(self) -> None:
+        """The account's budget and head as the trial's state has them now; published."""
+        state = await asyncio.to_thread(self.trial.status)
+        self.account["budget"] = budget.of(state).as_json()
+        self.account["head"] = state.log.head
+        self._publish()
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
         path = self._resolve(file)

@@ -26,6 +26,7 @@ from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentCo
 from minisweagent.exceptions import LimitsExceeded, TimeExceeded
 from pydantic import Field
 
+from ..budget import of as budget_of
 from ..doors import agentview
 from ..doors.cli import read_key_file
 from ..errors import BudgetExhausted, TrialToolError
@@ -106,13 +107,19 @@ class TrialEnvironment(LocalEnvironment):
         """mini's record of the environment, with where the trial's files are and what it used."""
         data = super().serialize()
         try:
-            budget: Any = self.trial.budget().as_json()
+            state = self.trial.status()
+            account: dict[str, Any] = {
+                "trial_id": state.trial_id,
+                "budget": budget_of(state).as_json(),
+                # The log's chain head: `trial-tool verify --expect-head` checks the trial against it.
+                "head": state.log.head,
+            }
         except TrialToolError as exc:
-            budget = {"error": exc.message}
+            account = {"budget": {"error": exc.message}}
         data["info"]["trial_tool"] = {
             "state": os.path.abspath(self.config.state),
             "log": os.path.abspath(self.config.log),
-            "budget": budget,
+            **account,
         }
         return data
 

@@ -5,6 +5,19 @@ mending.py): it recomputes the totals from the records one by one with the
 same rule the ledger uses (records.apply), so a state or a log edited by hand,
 a line deleted, changed or moved, or a state restored from an older copy shows
 up as the first record (or the state) where the numbers stop adding up.
+
+Its answer is one verdict, the same word every graders' command uses:
+
+- `clean`: the chain, the totals and the state agree, and nothing is pending;
+- `unconfirmed`: the log has a record (or a torn line) the state does not
+  count yet: a crash the next call mends, or a record someone appended; the
+  files alone cannot tell which (`expect_head`, the head the harness was
+  given, can);
+- `in_flight`: a call is reserved and not recorded: still running, or its
+  owner is gone (the next call records it abandoned);
+- `unverified`: a keyed trial checked without its key: its HMACs cannot be
+  checked, so nothing is said of them;
+- `failed`: the first bad record (or the state), and why.
 """
 
 from __future__ import annotations
@@ -15,7 +28,7 @@ from typing import Any, NamedTuple
 
 from ..errors import StateError, StorageError
 from ..osio import plain
-from . import audit, snapshot
+from . import audit, liveness, snapshot
 from .records import Totals, apply, whole
 from .state import TrialState, decode
 
@@ -28,22 +41,40 @@ class Problem(NamedTuple):
     message: str
 
 
+#: The verdicts, most serious first; each graders' command says one of them of a trial.
+VERDICTS = ("failed", "unverified", "in_flight", "unconfirmed", "clean")
+
+
 class Report(NamedTuple):
+    #: No problem found (the verdict may still be other than clean: see `verdict`).
     ok: bool
     problems: list[Problem]
     records: int
     totals: Totals
-    #: What a crash left that the next call mends by itself (not a problem), and what it will do.
+    #: What the log holds that the state does not count yet (a record, a torn line): unconfirmed.
     recoverable: list[str] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
+    #: One of VERDICTS, and why (None when clean).
+    verdict: str = "clean"
+    why: str | None = None
+    #: The digest of the log's last whole line: the head a harness was handed after that call.
+    head: str = audit.GENESIS
+    #: Calls reserved and not recorded: {"sequence", "owner": "running" | "gone"}.
+    in_flight: list[dict[str, Any]] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
 
     def as_json(self) -> dict[str, Any]:
+        first = next((p for p in self.problems), None)
         return {
+            "verdict": self.verdict,
+            "why": self.why,
             "ok": self.ok,
             "records": self.records,
+            "head": self.head,
             "totals": self.totals.as_json(),
+            "first_bad_line": None if first is None else first.line,
             "first_bad_sequence": next((p.sequence for p in self.problems if p.sequence is not None), None),
             "problems": [p._asdict() for p in self.problems],
-            "recoverable": self.recoverable,
+            "unconfirmed": self.recoverable,
+            "in_flight": self.in_flight,
         }
 
 
@@ -58,11 +89,19 @@ class _Step(NamedTuple):
     sequence: int | None
 
 
-def verify(state_path: str | os.PathLike[str], log_path: str | os.PathLike[str], key: bytes | None = None) -> Report:
+def verify(
+    state_path: str | os.PathLike[str],
+    log_path: str | os.PathLike[str],
+    key: bytes | None = None,
+    expect_head: str | None = None,
+) -> Report:
     """Check the trial at `state_path` and `log_path`; never raises for what it finds.
 
     StateError (exit 125: it cannot run) when there is no trial there at all.
     The files are read without the lock, at one moment (snapshot.py).
+    `expect_head` is the chain head the harness was handed after the last call it
+    made: a log that ends anywhere else fails, so that a record appended with a
+    correct link (which the files alone would take for a crash) is caught.
     """
     state_path, log_path = os.fspath(state_path), os.fspath(log_path)
     if not os.path.lexists(state_path) and not os.path.lexists(log_path):
@@ -73,22 +112,37 @@ def verify(state_path: str | os.PathLike[str], log_path: str | os.PathLike[str],
         taken = snapshot.read(state_path, log_path)
     except StorageError as exc:
         problems.append(Problem(None, None, exc.message))
-        return Report(False, problems, 0, Totals())
-    return check(taken, state_path, key)
+        return Report(False, problems, 0, Totals(), verdict="failed", why=exc.message)
+    return check(taken, state_path, key, expect_head)
 
 
-def check(taken: snapshot.Snapshot, state_path: str, key: bytes | None = None) -> Report:
+def _keyed(raw: bytes | None) -> bool:
+    """The state says its trial is keyed (read only for that: a keyless reader cannot check more)."""
+    try:
+        data = json.loads(raw or b"")
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("chain") == "hmac-sha256"
+
+
+def check(
+    taken: snapshot.Snapshot, state_path: str, key: bytes | None = None, expect_head: str | None = None
+) -> Report:
     """Check a trial's files as read at one moment (`state_path` names the state in messages)."""
+    unverified = key is None and _keyed(taken.state)
     chain = audit.Chain(key)
     problems: list[Problem] = []
-    state = _load_state(taken.state, state_path, chain, problems)
+    # Without the key, a keyed trial's state and links cannot be checked: what can be (each line a
+    # record of the trial, the totals adding up) still is.
+    state = None if unverified else _load_state(taken.state, state_path, chain, problems)
     lines = taken.log.splitlines(keepends=True)
-    steps, charged, torn = _walk(lines, chain, None if state is None else state.trial_id, problems)
+    trial_id = None if state is None else state.trial_id
+    steps, charged, torn = _walk(lines, None if unverified else chain, trial_id, problems)
     recoverable: list[str] = []
     if torn:
         recoverable.append(
-            f"line {len(steps) + 1} is torn (a write cut short, {len(torn)} bytes): "
-            "the next call cuts it off and logs the repair"
+            f"line {len(steps) + 1} is torn (a write cut short, {len(torn)} bytes, or one appended by someone "
+            "else): the next call cuts it off and logs the repair"
         )
     if state is not None:
         _check_state(state, steps, charged, problems, recoverable)
@@ -96,7 +150,59 @@ def check(taken: snapshot.Snapshot, state_path: str, key: bytes | None = None) -
             # A record beyond the state and a torn line after it: more than one crash leaves.
             problems.append(Problem(len(steps) + 1, None, "a torn line after a record the state does not know of"))
     last = steps[-1] if steps else _Step(0, 0, audit.GENESIS, 0, Totals(), None)
-    return Report(not problems, problems, len(steps), last.totals, recoverable)
+    if expect_head is not None and not unverified and last.head != expect_head.lower():
+        problems.append(Problem(last.records or None, last.sequence, _away_from(steps, expect_head.lower())))
+    # A call whose record is in the log already (the state one step behind) is not in flight: unconfirmed.
+    in_flight = [] if state is None else [entry for entry in _in_flight(state) if entry["sequence"] not in charged]
+    verdict, why = _verdict(problems, unverified, in_flight, recoverable, len(steps))
+    return Report(not problems, problems, len(steps), last.totals, recoverable, verdict, why, last.head, in_flight)
+
+
+def _away_from(steps: list[_Step], expected: str) -> str:
+    """Why a log that does not end at the expected head fails."""
+    at = next((step for step in steps if step.head == expected), None)
+    if at is None:
+        return f"the log's head is not {expected}, the one the harness was given (records replaced or forged)"
+    after = len(steps) - at.records
+    return (
+        f"{after} record{'s' if after != 1 else ''} after line {at.records}, the head the harness was given: "
+        "appended by someone else"
+    )
+
+
+def _in_flight(state: TrialState) -> list[dict[str, Any]]:
+    return [
+        {"sequence": sequence, "owner": "running" if liveness.alive(entry.pid, entry.pid_token) else "gone"}
+        for sequence, entry in sorted(state.in_flight.items())
+    ]
+
+
+def _verdict(
+    problems: list[Problem], unverified: bool, in_flight: list[dict[str, Any]], recoverable: list[str], records: int
+) -> tuple[str, str | None]:
+    """The one verdict of VERDICTS that says it, and why."""
+    if problems:
+        first = problems[0]
+        where = f"line {first.line}: " if first.line is not None else ""
+        return "failed", where + first.message
+    if unverified:
+        return "unverified", (
+            f"a keyed trial checked without its key: the {records} records read as records of one trial whose "
+            "totals add up, but their HMAC chain and the state's are not checked; give the key (--key-file)"
+        )
+    if in_flight:
+        entry = in_flight[0]
+        if entry["owner"] == "running":
+            return "in_flight", f"call {entry['sequence']} is running"
+        return "in_flight", (
+            f"call {entry['sequence']} was reserved and its owner is gone (killed?) without recording it; "
+            "the next call records it abandoned"
+        )
+    if recoverable:
+        return "unconfirmed", (
+            recoverable[0] + "; or a record someone appended: the files cannot tell which (--expect-head can)"
+        )
+    return "clean", None
 
 
 def _load_state(raw: bytes | None, state_path: str, chain: audit.Chain, problems: list[Problem]) -> TrialState | None:
@@ -111,9 +217,12 @@ def _load_state(raw: bytes | None, state_path: str, chain: audit.Chain, problems
 
 
 def _walk(
-    lines: list[bytes], chain: audit.Chain, trial_id: str | None, problems: list[Problem]
+    lines: list[bytes], chain: audit.Chain | None, trial_id: str | None, problems: list[Problem]
 ) -> tuple[list[_Step], set[int], bytes]:
-    """Every whole line checked in order; (the log after each, the sequences charged, a torn last line)."""
+    """Every whole line checked in order; (the log after each, the sequences charged, a torn last line).
+
+    Without a `chain` (a keyed trial read without its key), the links are not checked.
+    """
     steps: list[_Step] = []
     charged: set[int] = set()
     totals, head, offset = Totals(), audit.GENESIS, 0
@@ -133,7 +242,7 @@ def _walk(
         def bad(message: str, sequence: int | None = sequence, number: int = number) -> None:
             problems.append(Problem(number, sequence, message))
 
-        if record.get("prev_hash") != head:
+        if chain is not None and record.get("prev_hash") != head:
             bad("chain broken: prev_hash is not the digest of the line before (a line edited, deleted or moved)")
             break
         trial_id = trial_id or record.get("trial_id")
@@ -152,7 +261,7 @@ def _walk(
         totals = after or totals
         if record.get("ledger_after") != totals.as_json():
             bad(f"totals after this record should be {totals.as_json()}, the record says {record.get('ledger_after')}")
-        head = chain.digest(line)
+        head = chain.digest(line) if chain is not None else audit.GENESIS
         steps.append(_Step(number, offset + len(raw), head, offset, totals, sequence))
         offset += len(raw)
     return steps, charged, b""
@@ -187,8 +296,8 @@ def _check_state(
         return
     if ahead:
         recoverable.append(
-            f"the log is one record ahead of the state (call {ahead[0].sequence}: trial-tool stopped between "
-            "writing the record and the state); the next call rolls it forward"
+            f"the log's last record (line {ahead[0].records}, call {ahead[0].sequence}) is not counted by the state: "
+            "trial-tool stopped between writing the record and the state, and the next call rolls it forward"
         )
     if state.totals() != at.totals:
         message = f"state counters {state.totals().as_json()} disagree with the log's {at.totals.as_json()}"
@@ -207,13 +316,14 @@ def render(report: Report) -> str:
         for p in report.problems
     ]
     totals = report.totals
-    out += [f"recoverable: {note}" for note in report.recoverable]
-    verdict = "ok" if report.ok else "FAILED"
+    if report.verdict != "failed" and report.why:
+        out.append(f"{report.verdict}: {report.why}")
     out.append(
-        f"{verdict}: {report.records} records, {totals.charged_calls} calls charged, "
-        f"{totals.emitted_tokens} tokens delivered, {totals.refused_calls} refused"
+        f"{report.verdict.upper() if report.verdict != 'clean' else 'clean'}: {report.records} records, "
+        f"{totals.charged_calls} calls charged, {totals.emitted_tokens} tokens delivered, "
+        f"{totals.refused_calls} refused"
     )
     return "\n".join(out)
 
 
-__all__ = ["Problem", "Report", "check", "render", "verify"]
+__all__ = ["VERDICTS", "Problem", "Report", "check", "render", "verify"]

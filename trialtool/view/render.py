@@ -70,13 +70,8 @@ def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
     used = summary["used"]
     integrity = summary["integrity"]
     verdict = integrity["verdict"]
-    intact = {
-        "clean": "intact",
-        "recoverable": "intact (a crash left work for the next call)",
-        "in_progress": "intact so far (a call in progress)",
-        "unverified": "not verified (keyed trial: give --key-file)",
-        "failed": "NOT INTACT",
-    }[verdict]
+    # The verdict's own word (ledger/verify.py), as every graders' command says it.
+    intact = "FAILED" if verdict == "failed" else verdict
     lines = [
         f"trial     {summary['trial_id']}  ({summary['state']})",
         f"calls     {used['calls']} of {limits.get('max_calls')} used, {left['calls']} left"

@@ -60,35 +60,55 @@ class Report:
 
 def load_scores(path: str) -> dict[str, float]:
     """trial id -> score, from CSV (a header naming `trial_id` and `score`, or two columns) or JSON lines."""
+    return _load_column(path, "score", float, "scores")
+
+
+def load_heads(path: str) -> dict[str, str]:
+    """trial id -> the chain head its harness was last given, from CSV (`trial_id`, `head`) or JSON lines."""
+    return _load_column(path, "head", lambda value: str(value).lower(), "heads")
+
+
+def _load_column(path: str, column: str, convert: Callable[[Any], Any], what: str) -> dict[str, Any]:
+    """trial id -> `column`, from CSV (a header naming `trial_id` and `column`, or two columns) or JSON lines."""
     try:
         with open(path, encoding="utf-8", newline="") as handle:
             text = handle.read()
     except OSError as exc:
-        msg = f"cannot read scores {path}: {exc.strerror or exc}"
+        msg = f"cannot read {what} {path}: {exc.strerror or exc}"
         raise UsageError(msg) from exc
-    scores: dict[str, float] = {}
-    stripped = text.lstrip()
+    found: dict[str, Any] = {}
     try:
-        if stripped.startswith("{"):
+        if text.lstrip().startswith("{"):
             for line in text.splitlines():
                 if line.strip():
                     row = json.loads(line)
-                    scores[str(row["trial_id"])] = float(row["score"])
-            return scores
+                    found[str(row["trial_id"])] = convert(row[column])
+            return found
         rows = list(csv.reader(text.splitlines()))
         if rows and "trial_id" in rows[0]:
             header = rows[0]
-            id_at, score_at = header.index("trial_id"), header.index("score")
+            id_at, value_at = header.index("trial_id"), header.index(column)
             rows = rows[1:]
         else:
-            id_at, score_at = 0, 1
+            id_at, value_at = 0, 1
         for row in rows:
             if row:
-                scores[row[id_at]] = float(row[score_at])
+                found[row[id_at]] = convert(row[value_at])
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        msg = f"scores {path}: expected CSV (trial_id,score) or JSON lines with trial_id and score ({exc})"
+        msg = f"{what} {path}: expected CSV (trial_id,{column}) or JSON lines with trial_id and {column} ({exc})"
         raise UsageError(msg) from exc
-    return scores
+    return found
+
+
+def _against_head(summary: dict[str, Any], heads: dict[str, str]) -> None:
+    """Fail a trial whose log does not end at the head its harness was given (verify --expect-head's rule)."""
+    expected = heads.get(str(summary.get("trial_id")))
+    if expected is None or summary.get("log_head") is None or summary["log_head"] == expected:
+        return
+    if summary["integrity"]["verdict"] == "failed":
+        return
+    why = f"the log's head is {summary['log_head']}, not {expected}, the one the harness was given (records appended?)"
+    summary["integrity"] = {"verdict": "failed", "why": why, "first_bad_sequence": None, "line": None}
 
 
 def _work(job: tuple[str, str, bytes | None, bool]) -> dict[str, Any]:
@@ -175,8 +195,13 @@ def build(
     workers: int | None = None,
     scores: dict[str, float] | None = None,
     with_calls: bool = False,
+    heads: dict[str, str] | None = None,
 ) -> Report:
-    """Verify and summarise every trial of `pairs`; the overview, and the summaries spooled to disk."""
+    """Verify and summarise every trial of `pairs`; the overview, and the summaries spooled to disk.
+
+    `heads` (trial id -> the chain head its harness was last given) fails every trial
+    whose log ends elsewhere.
+    """
     jobs = [(state, log, key, with_calls) for state, log in pairs]
     if not jobs:
         msg = "no trials found (a trial is a state .json and its log .jsonl)"
@@ -197,6 +222,8 @@ def build(
     progress = _progress(len(jobs))
     try:
         for done, summary in enumerate(_results(jobs, workers), 1):
+            if heads:
+                _against_head(summary, heads)
             if scores is not None and summary.get("trial_id") in scores:
                 summary["score"] = scores[summary["trial_id"]]
             spool.write(json.dumps(summary, separators=(",", ":")).encode() + b"\n")
@@ -288,4 +315,4 @@ def _histogram(values: array[float], bins: int = 20) -> list[int]:
     return counts
 
 
-__all__ = ["TEXT_PREVIEW", "Report", "build", "load_scores"]
+__all__ = ["TEXT_PREVIEW", "Report", "build", "load_heads", "load_scores"]

@@ -58,23 +58,19 @@ def _state(taken: snapshot.Snapshot, state_path: str, key: bytes | None) -> tupl
         return None, raw
 
 
-def _integrity(report: Report, keyed: bool, key: bytes | None, in_progress: bool) -> dict[str, Any]:
-    if keyed and key is None:
-        return {"verdict": "unverified", "why": "a keyed trial: give its key (--key-file) to verify it"}
-    if report.ok and not report.recoverable:
-        return {"verdict": "clean"}
-    if report.ok:
-        verdict = "in_progress" if in_progress else "recoverable"
-        return {"verdict": verdict, "why": report.recoverable[0]}
-    if in_progress:
-        return {"verdict": "in_progress", "why": report.problems[0].message}
-    first = report.problems[0]
-    return {
-        "verdict": "failed",
-        "first_bad_sequence": next((p.sequence for p in report.problems if p.sequence is not None), None),
-        "line": first.line,
-        "why": first.message,
-    }
+def _integrity(report: Report, in_progress: bool) -> dict[str, Any]:
+    """The trial's verdict (ledger/verify.py's, one word for every graders' command), why, and where."""
+    if in_progress and report.verdict in ("failed", "unconfirmed"):
+        # The files changed while they were read, or a call's owner is recording it now.
+        why = report.why or "a call is being recorded"
+        return {"verdict": "in_flight", "why": f"a call is running or being recorded ({why})"}
+    integrity: dict[str, Any] = {"verdict": report.verdict}
+    if report.why:
+        integrity["why"] = report.why
+    if report.verdict == "failed":
+        integrity["first_bad_sequence"] = next((p.sequence for p in report.problems if p.sequence is not None), None)
+        integrity["line"] = report.problems[0].line if report.problems else None
+    return integrity
 
 
 def _in_progress(state: TrialState | None, taken: snapshot.Snapshot) -> bool:
@@ -170,7 +166,10 @@ def summarize_snapshot(
         "statuses": dict(sorted(statuses.items())),
         "records": len(records),
         "head": log_head.get("head"),
-        "integrity": _integrity(report, keyed, key, in_progress),
+        # The digest of the log's last whole line (the state's `head` may be one record behind it);
+        # None where it cannot be computed (a keyed trial read without its key).
+        "log_head": None if report.verdict == "unverified" else report.head,
+        "integrity": _integrity(report, in_progress),
     }
     if now:
         summary["left"] = _left(state, limits, calls, tokens, float(seconds))

@@ -172,8 +172,12 @@ def probe_ahead(state_path: str) -> None:
     from ...sandbox import from_state
 
     try:
-        fd = os.open(state_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # Non-blocking: a FIFO in the state's place must not hang the call (the ledger refuses it).
+        fd = os.open(state_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
+        return
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
         return
     try:
         with os.fdopen(fd, "rb") as handle:
