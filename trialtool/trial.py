@@ -354,7 +354,7 @@ class Trial:
                 deadline=deadline,
                 limits=reservation.limits,
                 interrupt_fd=None if interrupt is None else interrupt.fd,
-                sandboxed=bool(sandboxed),
+                backend=sandboxed[0][0].sandbox.mode if sandboxed else "none",
                 binds=binds,
                 **spawn,
             )

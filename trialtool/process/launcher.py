@@ -117,7 +117,7 @@ class Launcher:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         interrupt_fd: int | None = None,
-        sandboxed: bool = False,
+        backend: str = "none",
         umask: int | None = None,
         rlimits: list[list[int]] | None = None,
         stdin: bytes | None = None,
@@ -128,7 +128,7 @@ class Launcher:
 
         `started` is when the call's clock started (monotonic; default now): the
         outcome's `elapsed` counts from it, so that it compares with the deadline.
-        `sandboxed` says that `argv` is a bwrap command line (bwrap.py). `umask` and
+        `backend` names the sandbox backend `argv` is a command line of (process/sandbox/). `umask` and
         `rlimits` ([resource, soft, hard] rows) are the caller's, for a supervisor that
         is not its child (the per-user server's). `stdin` is fed to the command through
         a pipe (else it reads /dev/null); `merge_output` gives it one pipe for both streams.
@@ -150,7 +150,7 @@ class Launcher:
             "started": time.monotonic() if started is None else started,
             "deadline": deadline,
             "limits": limits._asdict(),
-            "sandboxed": sandboxed,
+            "backend": backend,
             "umask": umask,
             "rlimits": rlimits,
             "stdin_bytes": None if stdin is None else len(stdin),

@@ -21,10 +21,11 @@ from typing import Any, NamedTuple
 from ..errors import SandboxError
 from ..limits import Limits
 from ..sandbox import Pin
-from . import reaper
+from . import reaper, sandbox
 from .capture import Spool
 from .cgroups import CallGroup
 from .sandbox import bwrap, pinned
+from .sandbox.base import Backend
 from .spawn import Child, spawn
 
 #: exec errors that mean "found, but cannot be run" (exit 126).
@@ -48,9 +49,9 @@ class Spec(NamedTuple):
     deadline: float
     #: The trial's pinned limits: the capture cap, the kill grace and the resource limits.
     limits: Limits
-    #: True when `argv` is a bwrap command line (bwrap.py): its status descriptor is read,
-    #: its exit code taken from it, and its own two processes spared the stop's SIGTERM.
-    sandboxed: bool = False
+    #: The sandbox backend `argv` is a command line of (process/sandbox/): "none", or "bwrap", whose
+    #: status descriptor is read, its exit code taken from it, and its own processes spared the stop's SIGTERM.
+    backend: str = "none"
     #: The caller's umask and resource limits ((resource, soft, hard)), when the caller is
     #: not the process the supervisor was forked from (the per-user server's callers).
     umask: int | None = None
@@ -96,11 +97,11 @@ class Signals:
             pass
 
 
-def _limits_for_exec(limits: Limits, group: CallGroup, sandboxed: bool) -> list[tuple[int, tuple[int, int]]]:
+def _limits_for_exec(limits: Limits, group: CallGroup, backend: Backend) -> list[tuple[int, tuple[int, int]]]:
     """The command's resource limits; no core dumps is set on the supervisor itself, and inherited.
 
-    In a sandbox the open-files limit is set inside it (bwrap.py): bwrap itself needs more
-    descriptors than a small limit allows while it sets the sandbox up.
+    A backend may set the open-files limit inside its sandbox (bwrap: it needs more
+    descriptors than a small limit allows while it sets the sandbox up).
     """
     rlimits = []
     if limits.max_cpu_seconds:
@@ -109,7 +110,7 @@ def _limits_for_exec(limits: Limits, group: CallGroup, sandboxed: bool) -> list[
         rlimits.append((resource.RLIMIT_CPU, (soft, soft + 1)))
     if limits.max_file_size:
         rlimits.append((resource.RLIMIT_FSIZE, (limits.max_file_size, limits.max_file_size)))
-    if limits.max_open_files and not sandboxed:
+    if limits.max_open_files and not backend.SETS_OPEN_FILES:
         rlimits.append((resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files)))
     if limits.max_memory and group.memory is None:
         # No memory cgroup: a per-process address-space cap is the fallback.
@@ -152,15 +153,16 @@ def supervise(
 ) -> dict[str, Any]:
     """Run the command of `spec` to its end; the result the supervisor reports."""
     limits = spec.limits
-    # bwrap's monitor and its pid namespace's init are ours, not the command's.
-    extra_procs = bwrap.OWN_PROCESSES if spec.sandboxed and limits.max_procs else 0
+    backend = sandbox.backend(spec.backend)
+    # The backend's own processes (bwrap's monitor and its pid namespace's init) are not the command's.
+    extra_procs = backend.OWN_PROCESSES if limits.max_procs else 0
     group.configure(limits.max_procs + extra_procs, limits.max_memory)
     status_r = status_w = feed_w = -1
     feed_r: int | None = None
     _take_callers(spec)
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        rlimits = _limits_for_exec(limits, group, spec.sandboxed)
+        rlimits = _limits_for_exec(limits, group, backend)
 
         def before_exec() -> None:
             group.join()
@@ -170,7 +172,7 @@ def supervise(
         base: dict[str, Any] = {
             "containment": {**group.describe(limits.max_procs, limits.max_memory), "subreaper": subreaper}
         }
-        if spec.sandboxed:
+        if backend.STATUS_FD is not None:
             status_r, status_w = os.pipe()
         if spec.stdin is not None:
             feed_r, feed_w = os.pipe()
@@ -183,7 +185,7 @@ def supervise(
             plain = not rlimits and not group.child_must_join()
             child = spawn(
                 argv,
-                cwd=None if spec.sandboxed else spec.cwd,  # bwrap changes to it inside (--chdir)
+                cwd=None if backend.SETS_DIRECTORY else spec.cwd,  # bwrap changes to it inside (--chdir)
                 env=spec.env,
                 before_exec=None if plain else before_exec,
                 passed=[] if status_w < 0 else [status_w, *bind_fds],
@@ -208,7 +210,7 @@ def supervise(
         report = watch.run(subreaper)
         if status_r >= 0:
             # bwrap says why a command never ran on its stderr: the one stream, when merged.
-            report = _unwrapped(report, status_r, spools[0] if spec.merge else spools[1])
+            report = _unwrapped(backend, report, status_r, spools[0] if spec.merge else spools[1])
         return {**base, **report}
     finally:
         if status_r >= 0:
@@ -237,8 +239,8 @@ def _open_binds(spec: Spec) -> tuple[list[str], list[int]]:
     return argv, fds
 
 
-def _unwrapped(report: dict[str, Any], status_r: int, stderr: Spool) -> dict[str, Any]:
-    """A bwrap call's report in the command's terms: its own exit code, or why it never ran.
+def _unwrapped(backend: Backend, report: dict[str, Any], status_r: int, stderr: Spool) -> dict[str, Any]:
+    """A wrapped call's report in the command's terms: its own exit code, or why it never ran.
 
     bwrap states the command's exit code once the command has ended (a signal
     comes back as 128 + N, as a shell reports it). Without that statement and
@@ -248,12 +250,12 @@ def _unwrapped(report: dict[str, Any], status_r: int, stderr: Spool) -> dict[str
     status = bytearray()
     while chunk := os.read(status_r, 65536):
         status += chunk
-    code = bwrap.exit_code(bytes(status))
+    code = backend.exit_code(bytes(status))
     if code is not None:
         return {**report, "returncode": code}
     if report["ended"] != "exited" or report["returncode"] != 1:
         return report  # stopped by us, or bwrap itself killed (out of memory): as it is
-    kind, reason = bwrap.failure(stderr.head(4096))
+    kind, reason = backend.failure(stderr.head(4096))
     if kind == "sandbox":
         return {"fatal": f"the sandbox could not be set up: {reason}"}
     return {"ended": kind, "error": reason}
@@ -275,6 +277,7 @@ class _Watch:
         feed_fd: int = -1,
     ) -> None:
         self.spec, self.child, self.spools, self.group = spec, child, spools, group
+        self.backend = sandbox.backend(spec.backend)
         self.control_fd, self.signals, self.started = control_fd, signals, started
         self.pipes = {child.stdout: spools[0]}
         if child.stderr >= 0:
@@ -312,12 +315,10 @@ class _Watch:
             if reason == "deadline":
                 self.overshoot = time.monotonic() - self.spec.deadline
         if self.kill_at is None:
-            if self.spec.sandboxed:
-                # bwrap's monitor and init would end the sandbox at once (SIGKILL to all
-                # in it), leaving the command no grace: the command's processes only.
-                reaper.signal_tree(self.child.pid, signal.SIGTERM, spare=_bwrap_own(self.child.pid))
-            else:
-                reaper.signal_tree(self.child.pid, signal.SIGTERM)
+            # A backend's own processes (bwrap's monitor and init) would end the sandbox at once
+            # (SIGKILL to all in it), leaving the command no grace: the command's processes only.
+            own = self.backend.own(self.child.pid)
+            reaper.signal_tree(self.child.pid, signal.SIGTERM, spare=own or None)
             self.stop_signal = signal.SIGTERM
             self.kill_at = time.monotonic() + grace
 
@@ -441,11 +442,6 @@ class _Watch:
             "peak_rss_scope": "tree" if peak is not None else "largest_process",
             "streams": [[spool.total, spool.sha256()] for spool in self.spools],
         }
-
-
-def _bwrap_own(monitor: int) -> set[int]:
-    """bwrap's monitor and its direct children (the pid namespace's init)."""
-    return {monitor, *reaper.children(monitor)}
 
 
 __all__ = ["Signals", "Spec", "supervise"]

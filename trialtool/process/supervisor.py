@@ -138,7 +138,7 @@ def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, rea
             orders["started"],
             orders["deadline"],
             Limits(**orders["limits"]),
-            bool(orders.get("sandboxed")),
+            str(orders.get("backend") or "none"),
             orders.get("umask"),
             [tuple(row) for row in orders.get("rlimits") or ()],
             orders.get("stdin"),

@@ -1,12 +1,15 @@
 """The sandbox seam: each backend one module, behind one small interface.
 
-A backend answers five things (base.Backend): whether it can run here and why
-not (`available`), how a call's command is wrapped (`Plan`), what it exposes
-(docs/sandbox.md, per backend), how the command's exit status is read back
-(`exit_code`, `failure`), and which processes in the tree are its own
-(`OWN_PROCESSES`). `none` runs the command as it is; `bwrap` in bubblewrap.
-A trial pins its backend by name (sandbox.py), and every record says which
-ran. A further backend is one module here and one row in BACKENDS.
+A backend answers what the supervisor asks of it (base.Backend): which
+processes in the tree are its own (`OWN_PROCESSES`, `own`), how the command's
+exit status is read back (`STATUS_FD`, `exit_code`, `failure`), and what it
+does itself (`SETS_DIRECTORY`, `SETS_OPEN_FILES`); what it exposes is
+docs/sandbox.md's, per backend. Whether it can run here and why not, and how
+a call's command is wrapped, are bwrap's `available` and `Plan` (`none` always
+runs, unwrapped). `none` runs the command as it is; `bwrap` in bubblewrap. A
+trial pins its backend by name (sandbox.py), the supervisor gets that name,
+and every record says which ran. A further backend is one module here, one row
+in BACKENDS, and its pinning and wrapping beside bwrap's.
 
 This face is what the other rooms use; the modules behind it are the seam's own.
 """

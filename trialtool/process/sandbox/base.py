@@ -1,4 +1,4 @@
-"""What a sandbox backend is: the few things the rest of trial-tool asks of one."""
+"""What a sandbox backend is: the few things the process room asks of one, as a module."""
 
 from __future__ import annotations
 
@@ -8,8 +8,31 @@ from typing import Protocol
 class Backend(Protocol):
     """A sandbox backend, as a module: see the seam's face (__init__.py)."""
 
-    #: Processes of the backend's own at the top of the command's tree (spared a stop's SIGTERM).
-    OWN_PROCESSES: int
+    # Read-only (properties) so that a module's constants satisfy them: module constants, named so.
+
+    @property
+    def OWN_PROCESSES(self) -> int:
+        """Processes of the backend's own at the top of the command's tree (the process cap allows for them)."""
+        ...
+
+    @property
+    def STATUS_FD(self) -> int | None:
+        """The descriptor (in the backend's process) it reports the command's exit status on; None: none."""
+        ...
+
+    @property
+    def SETS_DIRECTORY(self) -> bool:
+        """The backend changes to the call's directory itself (the supervisor does not)."""
+        ...
+
+    @property
+    def SETS_OPEN_FILES(self) -> bool:
+        """The backend sets the open-files limit itself, inside (the supervisor does not)."""
+        ...
+
+    def own(self, top: int) -> set[int]:
+        """Its own processes in the tree under `top`: a stop's SIGTERM spares them, so the command gets its grace."""
+        ...
 
     def exit_code(self, status: bytes) -> int | None:
         """The command's exit code from what the backend reported, or None when the command never ran."""

@@ -41,6 +41,17 @@ from .layout import Layout, inside, layout
 FIRST_BIND_FD = 4
 #: Processes of bwrap's own in the command's tree: its monitor, and the pid namespace's init.
 OWN_PROCESSES = 2
+#: bwrap changes to the call's directory inside (--chdir), and sets the open-files limit there
+#: (it cannot set a sandbox up within a small one).
+SETS_DIRECTORY = True
+SETS_OPEN_FILES = True
+
+
+def own(top: int) -> set[int]:
+    """bwrap's monitor (`top`) and its direct children (the pid namespace's init)."""
+    from .. import reaper
+
+    return {top, *reaper.children(top)}
 
 
 class Wrapped(NamedTuple):
@@ -235,10 +246,14 @@ def tmp_directory(state_path: str, trial_id: str) -> Pin:
 __all__ = [
     "FIRST_BIND_FD",
     "OWN_PROCESSES",
+    "SETS_DIRECTORY",
+    "SETS_OPEN_FILES",
+    "STATUS_FD",
     "Plan",
     "Wrapped",
     "arguments",
     "exit_code",
     "failure",
+    "own",
     "tmp_directory",
 ]

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 #: No processes of its own: the command is the top of its tree.
 OWN_PROCESSES = 0
+#: No status channel: the command's own exit status is the one.
+STATUS_FD = None
+#: The supervisor changes to the call's directory and sets the open-files limit.
+SETS_DIRECTORY = False
+SETS_OPEN_FILES = False
+
+
+def own(top: int) -> set[int]:
+    """None of the tree is the backend's."""
+    return set()
 
 
 def exit_code(status: bytes) -> int | None:
@@ -16,4 +26,4 @@ def failure(stderr: bytes) -> tuple[str, str]:
     return "sandbox", "no sandbox"
 
 
-__all__ = ["OWN_PROCESSES", "exit_code", "failure"]
+__all__ = ["OWN_PROCESSES", "SETS_DIRECTORY", "SETS_OPEN_FILES", "STATUS_FD", "exit_code", "failure", "own"]
