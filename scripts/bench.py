@@ -15,7 +15,8 @@ sandbox at most 15 ms over no sandbox, warm. A call's stdin and merged output,
 and an exec of inspect's `trialtool` sandbox against its local one, are
 measured without a target. The graders' view (make the trials
 with scripts/make_trials.py): over 10 000 trials of 12 calls, `report` with
-verification within 20 s and 500 MB, `export` to Parquet within 20 s.
+verification within 20 s and 500 MB, `export` to Parquet (with the trials
+table, which verifies every trial too) within 20 s and 500 MB.
 """
 
 from __future__ import annotations
@@ -566,9 +567,11 @@ def graders_figures(tool: str, trials: Path, replicate: int) -> None:
                     subprocess.run(["cp", "-al", str(trials), str(copies / f"copy-{index:02}")], check=True)
             cases.append((copies, count * replicate))
         for root, trials_there in cases:
+            export = [tool, "export", str(root), "--format", "parquet", "-o", str(out / "c.parquet")]
             for label, argv in (
                 ("report, verifying all", [tool, "report", str(root), "--format", "json", "-o", str(out / "r.json")]),
-                ("export to Parquet", [tool, "export", str(root), "--format", "parquet", "-o", str(out / "c.parquet")]),
+                ("export to Parquet", export),
+                ("export, trials table too", [*export, "--trials", str(out / "t.parquet")]),
                 ("report as HTML", [tool, "report", str(root), "--format", "html", "-o", str(out / "r.html")]),
             ):
                 seconds, megabytes, code = tree_peak(argv)
@@ -577,7 +580,8 @@ def graders_figures(tool: str, trials: Path, replicate: int) -> None:
                     met = seconds <= TARGET_REPORT[0] and megabytes <= TARGET_REPORT[1]
                     target = f"  {'meets' if met else 'MISSES'} {TARGET_REPORT[0]:.0f} s, {TARGET_REPORT[1]:.0f} MB"
                 elif trials_there == 10_000 and label.startswith("export"):
-                    target = f"  {'meets' if seconds <= TARGET_EXPORT_S else 'MISSES'} {TARGET_EXPORT_S:.0f} s"
+                    met = seconds <= TARGET_EXPORT_S and megabytes <= TARGET_REPORT[1]
+                    target = f"  {'meets' if met else 'MISSES'} {TARGET_EXPORT_S:.0f} s, {TARGET_REPORT[1]:.0f} MB"
                 figures = f"{seconds:7.1f} s  {megabytes:6.0f} MB  exit {code}"
                 print(f"  {trials_there:>7} trials  {label:<22} {figures}{target}")
     finally:

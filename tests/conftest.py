@@ -88,9 +88,10 @@ class TrialFiles:
         return json.loads(self.state.read_text())
 
     def records(self) -> list[dict[str, Any]]:
+        """The log's records after the trial's first (which every log starts with: see calls_of)."""
         if not self.log.exists():
             return []
-        return [json.loads(line) for line in self.log.read_text().splitlines()]
+        return calls_of([json.loads(line) for line in self.log.read_text().splitlines()])
 
     def snapshot(self) -> dict[str, bytes | None]:
         """Every file of the trial, byte for byte (the lock file aside: it is scratch)."""
@@ -205,7 +206,16 @@ def strict_records(path: Path) -> list[dict[str, Any]]:
         assert isinstance(row, dict)
         check(row)
         rows.append(row)
-    return rows
+    return calls_of(rows)
+
+
+def calls_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records but the trial's first line (`trial_tool_trial`, which binds the log to its trial),
+    checked to be there, first, whenever the log has any: the calls, refusals and repairs."""
+    if records:
+        assert records[0]["record_type"] == "trial_tool_trial", records[0]
+        assert all(record["record_type"] != "trial_tool_trial" for record in records[1:])
+    return records[1:]
 
 
 def marked(word: str) -> list[psutil.Process]:

@@ -66,7 +66,7 @@ def test_defaults_validate_to_themselves() -> None:
 
 def test_every_limit_has_one_bound_and_one_flag() -> None:
     flags = {dest for _, dest, _, _, group, _ in OPTIONS if group and group.startswith("limits")}
-    assert flags == set(Limits._fields) | set(SANDBOX_SETTINGS)
+    assert flags == set(Limits._fields) | set(SANDBOX_SETTINGS) | {"labels"}
     assert set(BOUNDS) == set(Limits._fields) - {"clip"}
 
 

@@ -23,6 +23,8 @@ class Budget(NamedTuple):
     in_flight: int
     #: Calls refused so far.
     refused_calls: int
+    #: The log's chain head as of this reading: `verify --expect-head` checks a log ends there.
+    head: str = "0" * 64
 
     @property
     def exhausted(self) -> bool:
@@ -46,6 +48,7 @@ def of(state: TrialState) -> Budget:
         seconds_left=round(max(0.0, limits.trial_timeout - elapsed), 6),
         in_flight=len(state.in_flight),
         refused_calls=state.refused_calls,
+        head=state.log.head,
     )
 
 

@@ -25,13 +25,13 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .errors import LimitMismatch, SandboxError, UsageError
-from .limits import NOT_LIMITS
+from .limits import SANDBOX_SETTINGS
 from .osio import plain
 
 MODES = ("none", "bwrap")
 NETWORKS = ("none", "host")
 #: The override names that are sandbox settings rather than limits.
-SETTINGS = NOT_LIMITS
+SETTINGS = (*SANDBOX_SETTINGS, "origin", "search_path")
 #: The flag of each setting, for messages.
 FLAG_OF = {"sandbox": "--sandbox", "network": "--network", "workspace": "--workspace", "writable": "--writable"}
 

@@ -61,6 +61,8 @@ class Trial:
     sandbox settings (`sandbox`, `network`, `workspace`, `writable`) go there
     too (docs/sandbox.md); `hidden_files` names files besides the trial's own
     that its sandboxed commands must not reach, such as the file the key came from.
+    `labels` say who the trial is (task, sample, epoch, model): pinned at creation
+    like the limits, and shown by every graders' command (labels.py).
 
     `run` may be called from several threads at once (and `arun` from several
     asyncio tasks): each call is reserved, run and committed on its own. The
@@ -82,6 +84,7 @@ class Trial:
         hidden_files: Sequence[str | os.PathLike[str]] = (),
         origin: str | os.PathLike[str] | None = None,
         fork_server: ForkServer | None = None,
+        labels: dict[str, str] | None = None,
     ) -> None:
         self.ledger = Ledger(
             state_path,
@@ -95,6 +98,8 @@ class Trial:
         self.hidden_files = [os.fspath(path) for path in hidden_files]
         self._plans: dict[Sandbox, seam.Plan] = {}
         self.overrides = dict(limits or {})
+        if labels is not None:
+            self.overrides["labels"] = dict(labels)
         if origin is not None:
             # Where the trial is created from when its caller is elsewhere (the per-user server).
             self.overrides["origin"] = os.fspath(origin)

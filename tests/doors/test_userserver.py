@@ -172,7 +172,7 @@ def test_a_server_killed_during_a_call(trial: TrialFiles, servers: Path, marker:
     assert cli.returncode == 125 and out == b""  # nothing delivered, not even what was printed
     assert b"died during the call" in err and err.count(b"\n") == 1
     assert trial.call("true").returncode == 0
-    statuses = [json.loads(line)["status"] for line in trial.log.read_text().splitlines()]
+    statuses = [record["status"] for record in trial.records()]
     assert statuses == ["ok", "abandoned", "ok"]
     assert marked(marker) == []
 
@@ -186,9 +186,9 @@ def test_a_cli_killed_mid_call_stops_it_and_it_is_recorded(
     cli.communicate()
     # The server sees the connection close and stops the call; its record is written then.
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(trial.log.read_text().splitlines()) < 2:
+    while time.monotonic() < deadline and len(trial.records()) < 2:
         time.sleep(0.01)  # no event to wait on from here: the record is the server's
-    [_, record] = [json.loads(line) for line in trial.log.read_text().splitlines()]
+    [_, record] = trial.records()
     assert record["status"] == "interrupted" and record["withheld"] is True
     assert marked(marker) == []
     assert verify(trial.state, trial.log).ok

@@ -36,10 +36,11 @@ def check_ledger(state_path: Path, log_path: Path) -> dict[str, Any]:
         assert record["delivered_emitted_tokens"] <= record["allowance_tokens"] <= limits["max_call_tokens"]
     # The chain: each record names the hash of the line before; the state names the last.
     head = GENESIS
-    for line in log_path.read_bytes().splitlines() if log_path.exists() else []:
-        assert json.loads(line)["prev_hash"] == head
+    lines = log_path.read_bytes().splitlines() if log_path.exists() else []
+    for number, line in enumerate(lines, 1):
+        assert json.loads(line)["prev_hash"] == head and json.loads(line)["record"] == number
         head = hashlib.sha256(line).hexdigest()
-    assert state["log"]["head"] == head and state["log"]["records"] == len(rows)
+    assert state["log"]["head"] == head and state["log"]["records"] == len(lines)
     assert state["log"]["bytes"] == (log_path.stat().st_size if log_path.exists() else 0)
     return state
 

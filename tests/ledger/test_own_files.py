@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,18 +54,44 @@ def test_a_fifo_in_place_of_a_file_is_refused_at_once(trial: TrialFiles, which: 
 
 
 def test_two_trials_cannot_share_a_log(trial: TrialFiles) -> None:
+    """A log is bound to its trial when the trial is made: a second trial on it is refused at once."""
     other = trial.root / "other.json"
-    for state in (trial.state, other):
-        done = trial.cli("init", "--state", str(state), "--log", str(trial.log))
-        assert done.returncode == 0
-    assert trial.call("echo", "first").returncode == 0
+    assert trial.cli("init", "--state", str(trial.state), "--log", str(trial.log)).returncode == 0
     before = trial.snapshot()
-    done = trial.cli("--state", str(other), "--log", str(trial.log), "--", "echo", "second")
-    assert done.returncode == 125 and "another trial" in one_line(done)
-    assert trial.snapshot() == before  # the loser adopted nothing; its command never ran
-    assert verify(trial.state, trial.log).ok
-    report = verify(other, trial.log)
-    assert not report.ok and any("another trial" in p.message for p in report.problems)
+    files = ["--state", str(other), "--log", str(trial.log)]
+    for argv in (["init", *files], [*files, "--", "sh", "-c", f"echo ran > {trial.root / 'marker'}"]):
+        done = trial.cli(*argv)
+        assert done.returncode == 125 and "another trial" in one_line(done), done.stderr
+    assert trial.snapshot() == before  # the loser left nothing, not even its state; its command never ran
+    assert not (trial.root / "marker").exists()
+    assert trial.call("echo", "first").returncode == 0
+    assert verify(trial.state, trial.log).verdict == "clean"
+
+
+def test_two_new_trials_started_together_on_one_log(tmp_path: Path) -> None:
+    """Raced, rounds over: one trial claims the log; the other's command never runs; every command that ran
+    has its record."""
+    for round_ in range(8):
+        root = tmp_path / f"round{round_}"
+        root.mkdir()
+        log = root / "l.jsonl"
+        procs = []
+        for name in "ab":
+            argv = [sys.executable, "-m", "trialtool", "--state", str(root / f"{name}.json"), "--log", str(log)]
+            argv += ["--sandbox", "none", "--in-process", "--", "sh", "-c", f"echo {name} > {root / name}.ran"]
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        codes = []
+        for proc in procs:
+            proc.communicate(timeout=60)
+            codes.append(proc.returncode)
+        assert sorted(codes) == [0, 125], codes
+        winner = "ab"[codes.index(0)]
+        loser = "ab"[codes.index(125)]
+        assert (root / f"{winner}.ran").exists() and not (root / f"{loser}.ran").exists()
+        assert not (root / f"{loser}.json").exists()
+        records = [json.loads(line) for line in log.read_bytes().splitlines()]
+        assert [r["record_type"] for r in records] == ["trial_tool_trial", "trial_tool_call"]
+        assert verify(root / f"{winner}.json", log).verdict == "clean"
 
 
 def test_verify_calls_a_crash_one_record_behind_unconfirmed(trial: TrialFiles, tmp_path: Path) -> None:
@@ -77,7 +104,7 @@ def test_verify_calls_a_crash_one_record_behind_unconfirmed(trial: TrialFiles, t
     trial.state.write_text(json.dumps(reserved))
     done = trial.cli("verify", "--state", str(trial.state), "--log", str(trial.log))
     assert done.returncode == 0, done.stdout
-    assert b"unconfirmed: the log's last record (line 2, call 2) is not counted by the state" in done.stdout
+    assert b"unconfirmed: the log's last record (line 3, call 2) is not counted by the state" in done.stdout
     strict = trial.cli("verify", "--strict", "--state", str(trial.state), "--log", str(trial.log))
     assert strict.returncode == 4, strict.stdout
     assert trial.call("echo", "third").returncode == 0  # rolled forward, as verify said

@@ -57,13 +57,13 @@ def test_edited_counter(trial: TrialFiles) -> None:
 
 
 def _rewrite_log(trial: TrialFiles, change: str) -> None:
-    lines = trial.log.read_bytes().splitlines(keepends=True)
+    lines = trial.log.read_bytes().splitlines(keepends=True)  # the trial's first line, then three calls
     if change == "deleted":
-        del lines[1]
+        del lines[2]
     elif change == "edited":
-        lines[1] = lines[1].replace(b'"delivered_emitted_tokens":2', b'"delivered_emitted_tokens":0')
+        lines[2] = lines[2].replace(b'"delivered_emitted_tokens":2', b'"delivered_emitted_tokens":0')
     elif change == "reordered":
-        lines[0], lines[1] = lines[1], lines[0]
+        lines[1], lines[2] = lines[2], lines[1]
     elif change == "last-edited":
         lines[-1] = lines[-1].replace(b'"status":"ok"', b'"status":"error"')
     trial.log.write_bytes(b"".join(lines))
@@ -76,7 +76,7 @@ def test_edited_log(trial: TrialFiles, change: str) -> None:
     refused_and_unchanged(trial)
     first_bad = verify_fails(trial)
     if change in ("deleted", "edited"):
-        assert first_bad in (2, 3)  # the record after the change no longer chains
+        assert first_bad in (2, 3)  # the call after the change no longer chains
 
 
 def test_state_rolled_back(trial: TrialFiles, tmp_path: Path) -> None:
@@ -110,12 +110,12 @@ def test_consistent_rewrite_passes_without_a_key_but_not_with_one(trial: TrialFi
 def forge(trial: TrialFiles, key: bytes | None) -> None:
     """Refund the second call's tokens and rewrite both files consistently, chain and all."""
     chain = audit.Chain(key)
-    records = trial.records()
-    records[1]["delivered_emitted_tokens"] = 0
+    records = [json.loads(line) for line in trial.log.read_bytes().splitlines()]  # the trial's first line too
+    records[2]["delivered_emitted_tokens"] = 0
     head, lines = audit.GENESIS, []
     emitted = 0
     for record in records:
-        emitted += record["delivered_emitted_tokens"]
+        emitted += record.get("delivered_emitted_tokens", 0)
         record["ledger_after"]["emitted_tokens"] = emitted
         record["prev_hash"] = head
         line = audit.encode(record)

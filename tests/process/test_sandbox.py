@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import COMMAND_PY, marked
+from tests.conftest import COMMAND_PY, calls_of, marked
 from trialtool.process import sandbox
 
 PY = sys.executable
@@ -59,7 +59,7 @@ class Sandboxed:
         return self.call("sh", "-c", script, **kwargs)
 
     def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines()]
+        return calls_of([json.loads(line) for line in self.log.read_text().splitlines()])
 
     def state_json(self) -> dict[str, Any]:
         return json.loads(self.state.read_text())

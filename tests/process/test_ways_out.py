@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import COMMAND_PY, stop_servers
+from tests.conftest import COMMAND_PY, calls_of, stop_servers
 from trialtool.process import sandbox as seam
 
 PY = sys.executable
@@ -60,7 +60,7 @@ class Host:
         return subprocess.run(argv, capture_output=True, text=True, timeout=90, cwd=self.workspace, env=env)
 
     def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+        return calls_of([json.loads(line) for line in self.log.read_text().splitlines()]) if self.log.exists() else []
 
     def assert_clean(self, calls: int) -> None:
         assert not self.marker.exists(), "a command ran on the host"

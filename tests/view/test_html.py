@@ -26,13 +26,18 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rules = {"max_calls": 4, "max_call_tokens": 50}
     make_trials(root, "abc", ["echo hello", "seq 1 300", "sleep 0.2; exit 1", HOSTILE, "echo refused"], rules)
     make_trials(root, ["odd"], ["echo hi"], {**rules, "max_tokens": 10})
+    # Trial c tampered with: its second call's record edited, so the chain breaks at the third (line 4).
+    log = root / "c" / "l.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2].replace(b'"status":"truncated"', b'"status":"ok"')
+    log.write_bytes(b"".join(lines))
     out = root / "report.html"
     done = subprocess.run(
         [sys.executable, "-m", "trialtool", "report", "--format", "html", "-o", str(out), str(root)],
         capture_output=True,
         timeout=120,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # trial c failed
     return out
 
 
@@ -61,7 +66,13 @@ def test_the_report_renders_offline_without_errors(page: Path, browser: Browser,
     # Four overview charts drawn by Plotly, each with its SVG.
     assert browser.evaluate("document.querySelectorAll('.charts .js-plotly-plot .main-svg').length") >= 4
     assert browser.evaluate("document.querySelectorAll('#trials tbody tr.trial').length") == 4
-    assert browser.evaluate("document.querySelectorAll('#trials tbody tr.flagged').length") == 1
+    # Two markers, told apart by a legend: other rules (odd) and a failed verdict (c), with its reason in the row.
+    assert browser.evaluate("document.querySelectorAll('#trials tbody tr.other-rules').length") == 1
+    assert browser.evaluate("document.querySelectorAll('#trials tbody td.other-rules-cell').length") == 1
+    failed = browser.evaluate("[...document.querySelectorAll('#trials tbody td.v-failed')].map(c => c.textContent)")
+    assert len(failed) == 1 and failed[0].startswith("failed: line 4") and "chain broken" in failed[0], failed
+    legend = browser.evaluate("document.getElementById('legend').textContent")
+    assert "other rules" in legend and "failed" in legend
     assert "fairness: 1 trials differ" in browser.evaluate("document.getElementById('overview-list').textContent")
     # Open the first trial of the majority: its burn-down, its timeline, its calls with what the agent read.
     browser.evaluate("document.querySelectorAll('#trials tbody tr.trial')[1].click()")
@@ -71,6 +82,17 @@ def test_the_report_renders_offline_without_errors(page: Path, browser: Browser,
     assert "hello" in shown and "clipped" in shown and "window.pwned=2" in shown
     assert browser.evaluate("typeof window.pwned") == "undefined"  # trial text stays text
     assert browser.evaluate("document.querySelectorAll('.detail img').length") == 0
+    # The timeline lists the calls by call number, with the trial's time limit drawn.
+    order = browser.evaluate("document.querySelectorAll('.detail .js-plotly-plot')[1].layout.yaxis.categoryarray")
+    assert order == ["#1 r2", "#2 r3", "#3 r4", "#4 r5", "#5 r6"], order
+    assert "trial limit 3600 s" in browser.evaluate("document.querySelector('.detail').textContent")
+    # The tampered trial: its first bad record is highlighted in its calls, the reason beside it.
+    browser.evaluate("document.querySelector('.detail-row').remove()")
+    browser.evaluate(
+        "[...document.querySelectorAll('#trials tbody tr.trial')].find(r => r.textContent.includes('c/s.json')).click()"
+    )
+    bad = browser.evaluate("[...document.querySelectorAll('.detail tr.bad-record')].map(r => r.textContent)")
+    assert len(bad) == 1 and bad[0].startswith("43") and "failed here: line 4" in bad[0], bad
     # The filter narrows the table.
     browser.evaluate(
         "const f = document.getElementById('filter'); f.value = 'odd'; f.dispatchEvent(new Event('input'))"

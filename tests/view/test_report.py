@@ -53,7 +53,7 @@ def test_the_overview_answers_the_graders_questions(bench: Path) -> None:
     assert overview["trials"] == 6
     fairness = overview["fairness"]
     assert not fairness["same_rules"] and fairness["majority"]["trials"] == 5
-    assert fairness["others"] == [{"trials": 1, "differs": {"limits.max_calls": [3, 10]}}]
+    assert fairness["others"] == [{"group": 2, "trials": 1, "differs": {"limits.max_calls": [3, 10]}}]
     assert overview["integrity"] == {"clean": 4, "failed": 1, "unverified": 1}
     assert overview["ended_by"] == {"calls": 3, "none": 3}
     assert overview["statuses"]["maximum_tool_calls"] == 3 and overview["statuses"]["truncated"] == 3
@@ -138,12 +138,12 @@ def test_pairs_by_stem_by_trial_id_and_alone(tmp_path: Path) -> None:
     make_trial(tmp_path / "p.json", tmp_path / "q.jsonl", ["echo 3"])
     (tmp_path / "config.json").write_text('{"not": "a trial"}')
     (tmp_path / ".hidden.json").write_text("{}")
-    found = {Path(state).name: Path(log).name for state, log in find([str(tmp_path)])}
+    found = {Path(state).name: Path(log).name for state, log in find([str(tmp_path)]).pairs}
     assert found == {"one.json": "one.jsonl", "x.json": "y.jsonl", "p.json": "q.jsonl"}
     alone = tmp_path / "alone"
     alone.mkdir()
     make_trial(alone / "s.json", alone / "l.jsonl", ["echo 4"])
-    assert [(Path(s).name, Path(log).name) for s, log in find([str(alone)])] == [("s.json", "l.jsonl")]
+    assert [(Path(s).name, Path(log).name) for s, log in find([str(alone)]).pairs] == [("s.json", "l.jsonl")]
 
 
 def test_a_trial_from_before_the_stdin_bound_has_the_same_rules(tmp_path: Path) -> None:
@@ -164,7 +164,7 @@ def test_in_parallel_as_in_one_process(tmp_path: Path) -> None:
     make_trial(first / "s.json", first / "l.jsonl", ["echo hi", "false"])
     for number in range(1, 80):
         shutil.copytree(first, tmp_path / f"t{number:03}")
-    pairs = list(find([str(tmp_path)]))
+    pairs = find([str(tmp_path)]).pairs
     serial = reports.build(pairs, workers=1)
     parallel = reports.build(pairs, workers=2)
     try:

@@ -39,7 +39,7 @@ def test_status_json_has_the_documented_shape(files: TrialFiles) -> None:
     done = files.cli("status", "--json", "--state", str(files.state), "--log", str(files.log))
     shown = json.loads(done.stdout)
     assert set(shown) == {
-        "trial_id", "state", "log", "limits", "sandbox", "used", "left", "in_flight", "refused_calls",
+        "trial_id", "labels", "state", "log", "limits", "sandbox", "used", "left", "in_flight", "refused_calls",
         "ended_by", "statuses", "records", "chain", "head", "integrity",
     }  # fmt: skip
     assert shown["used"]["calls"] == 2 and shown["left"]["calls"] == 3
@@ -51,12 +51,13 @@ def test_status_json_has_the_documented_shape(files: TrialFiles) -> None:
 def test_a_tampered_log_is_named_with_its_first_bad_call(files: TrialFiles) -> None:
     make_trial(files.state, files.log, ["echo one", "echo two", "echo three"])
     lines = files.log.read_bytes().splitlines(keepends=True)
-    lines[1] = lines[1].replace(b'"status":"ok"', b'"status":"error"')
+    lines[2] = lines[2].replace(b'"status":"ok"', b'"status":"error"')  # call 2 (line 1 is the trial's)
     files.log.write_bytes(b"".join(lines))
     done = files.cli("status", "--json", "--state", str(files.state), "--log", str(files.log))
     assert done.returncode == 1
     integrity = json.loads(done.stdout)["integrity"]
-    assert integrity["verdict"] == "failed" and integrity["first_bad_sequence"] == 3  # the chain breaks after line 2
+    assert integrity["verdict"] == "failed" and integrity["first_bad_sequence"] == 3  # the chain breaks after line 3
+    assert integrity["first_bad_record"] == 4
     assert "chain broken" in integrity["why"]
 
 
@@ -107,9 +108,10 @@ def test_show_lists_every_call(files: TrialFiles) -> None:
     make_trial(files.state, files.log, ["echo hi", "exit 3", "echo done", "echo refused"], {"max_calls": 3})
     done = files.cli("show", "--state", str(files.state), "--log", str(files.log), env=None)
     lines = done.stdout.decode().splitlines()
-    assert lines[0].split() == ["seq", "start", "secs", "status", "exit", "tokens", "clip", "command"]
-    assert [line.split()[3] for line in lines[1:]] == ["ok", "error", "ok", "maximum_tool_calls"]
-    assert lines[2].split()[4] == "3" and "'exit 3'" in lines[2]
+    assert lines[0].split() == ["rec", "seq", "start", "secs", "status", "exit", "tokens", "clip", "command"]
+    assert [line.split()[4] for line in lines[1:]] == ["ok", "error", "ok", "maximum_tool_calls"]
+    assert [line.split()[0] for line in lines[1:]] == ["2", "3", "4", "5"]  # the record's number: its line
+    assert lines[2].split()[5] == "3" and "'exit" in lines[2]
 
 
 def test_show_call_gives_what_the_agent_read(files: TrialFiles) -> None:
@@ -198,7 +200,7 @@ def test_a_commit_between_the_reads_is_not_taken_for_damage(files: TrialFiles, m
     monkeypatch.undo()
     assert fired
     report = check(taken, str(files.state))
-    assert report.ok and not report.recoverable and report.records == 2
+    assert report.ok and not report.recoverable and report.records == 3
 
 
 def test_what_a_command_wrote_or_named_cannot_drive_the_graders_terminal(files: TrialFiles) -> None:

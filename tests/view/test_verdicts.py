@@ -52,7 +52,7 @@ def forge_last_record(files: TrialFiles, key: bytes | None = None) -> None:
     """Append one record with a correct link and totals that add up, leaving the state alone."""
     lines = files.log.read_bytes().splitlines()
     last = json.loads(lines[-1])
-    forged = dict(last, sequence=last["sequence"] + 1, stdout_b64="Zm9yZ2VkCg==")
+    forged = dict(last, sequence=last["sequence"] + 1, record=last["record"] + 1, stdout_b64="Zm9yZ2VkCg==")
     forged["prev_hash"] = audit.Chain(key).digest(lines[-1])
     after = last["ledger_after"]
     forged["ledger_after"] = dict(
@@ -86,7 +86,7 @@ def test_a_forged_last_record_is_never_clean_and_fails_against_the_head(files: T
     assert said["verify_exit"] == 0 and said["strict_exit"] == 4 and said["report_strict_exit"] == 4
     assert "someone appended" in said["verify_text"]
     against = cli("verify", "--state", str(files.state), "--log", str(files.log), "--expect-head", head)
-    assert against.returncode == 1 and "1 record after line 2" in against.stdout, against.stdout
+    assert against.returncode == 1 and "1 record after line 3" in against.stdout, against.stdout
     # The genuine trial passes against its head.
     files.log.write_bytes(b"".join(line + b"\n" for line in files.log.read_bytes().splitlines()[:-1]))
     clean = cli("verify", "--state", str(files.state), "--log", str(files.log), "--expect-head", head, "--strict")
@@ -120,7 +120,7 @@ def test_a_keyed_trial_without_its_key_is_unverified_not_broken(files: TrialFile
     said = ask(files)
     assert {said[name] for name in ("verify", "status", "report")} == {"unverified"}
     assert said["verify_exit"] == said["strict_exit"] == said["report_strict_exit"] == 3
-    assert "chain broken" not in said["verify_text"] and "4 records" in said["verify_text"]
+    assert "chain broken" not in said["verify_text"] and "5 records" in said["verify_text"]
     key_file = tmp_path / "key"
     key_file.write_bytes(KEY)
     with_key = ask(files, "--key-file", str(key_file))

@@ -214,6 +214,10 @@ def _install_shim(args: Arguments) -> int:
             for path in value:
                 flags += [flag, os.path.abspath(path)]
             continue
+        if name == "labels":
+            for label in value:
+                flags += ["--label", label]
+            continue
         if name == "workspace":
             value = os.path.abspath(value)
         shown = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
@@ -281,8 +285,6 @@ def _run(argv: list[str]) -> int:
     if command in ("status", "show", "report", "export"):
         from . import graders
 
-        if command == "export":
-            return graders.export(args)
         reader: Callable[[Arguments, bytes | None], int] = getattr(graders, command)
         return reader(args, key_of(args))
     if command == "shim":

@@ -49,6 +49,7 @@ def _status_document(summary: dict[str, Any]) -> dict[str, Any]:
     """`status --json`: the summary's fields a harness or grader reads (docs/graders.md)."""
     return {
         "trial_id": summary["trial_id"],
+        "labels": summary["labels"],
         "state": summary["state"],
         "log": summary["log"],
         "limits": summary["limits"],
@@ -68,6 +69,7 @@ def _status_document(summary: dict[str, Any]) -> dict[str, Any]:
 
 def show(args: Arguments, key: bytes | None) -> int:
     from ..ledger import snapshot
+    from ..ledger.records import START
     from ..view import render
     from ..view.calls import Replayer
     from ..view.summary import summarize_snapshot
@@ -76,15 +78,22 @@ def show(args: Arguments, key: bytes | None) -> int:
         raise StateError(f"no trial at {args.state} (and no log at {args.log})")
     taken = snapshot.read(args.state, args.log)
     summary, records = summarize_snapshot(taken, args.state, args.log, key)
-    if args.call is None:
+    if args.call is None and args.record is None:
+        calls = [record for record in records if record.get("record_type") != START]
         if args.json:
             from ..view.calls import row
 
-            print(json.dumps({"summary": summary, "calls": [row(record) for record in records]}, indent=2))
+            print(json.dumps({"summary": summary, "calls": [row(record) for record in calls]}, indent=2))
         else:
-            print(render.calls_table(records, summary.get("started_at_utc")))
+            print(render.calls_table(calls, summary.get("started_at_utc")))
         return EXIT_NOT_INTACT if summary["integrity"]["verdict"] == "failed" else 0
-    chosen = [record for record in records if record.get("sequence") == args.call]
+    if args.record is not None:
+        chosen = [record for record in records if record.get("record") == args.record]
+        if not chosen:
+            raise UsageError(f"no record {args.record} in this trial (it has records 1..{len(records)})")
+    else:
+        # A refusal has the number of the call it would have been: several records may share one.
+        chosen = [record for record in records if record.get("sequence") == args.call]
     if not chosen:
         numbers = sorted({r["sequence"] for r in records if isinstance(r.get("sequence"), int)})
         known = f"calls {numbers[0]}..{numbers[-1]}" if numbers else "no calls"
@@ -173,9 +182,12 @@ def report(args: Arguments, key: bytes | None) -> int:
         html.plotly_js()  # the extra is there, before any trial is read
     scores = reports.load_scores(args.scores) if args.scores else None
     heads = reports.load_heads(args.heads) if args.heads else None
+    found = find(args.paths)
     built = reports.build(
-        find(args.paths), key=key, workers=args.jobs, scores=scores, with_calls=chosen == "html", heads=heads
+        found.pairs, key=key, workers=args.jobs, scores=scores, with_calls=chosen == "html", heads=heads
     )
+    built.overview["ignored_inside_workspaces"] = found.ignored
+    _tell(found.note())
     base = os.path.commonpath([os.path.abspath(p) for p in args.paths if "*" not in p] or [os.getcwd()])
     writers: dict[str, Callable[..., None]] = {
         "table": render.report_table,
@@ -198,26 +210,52 @@ def report(args: Arguments, key: bytes | None) -> int:
     return verdict_exit(worst, strict=args.strict)
 
 
-def export(args: Arguments) -> int:
+def _tell(note: str | None) -> None:
+    """A line for the grader on stderr, apart from the output (which may be a pipe to a parser)."""
+    if note:
+        print(f"trial-tool: {note}", file=sys.stderr)
+
+
+def export(args: Arguments, key: bytes | None) -> int:
     from ..view import export as exports
     from ..view.trials import find
 
     chosen = args.format or "jsonl"
     if chosen not in exports.FORMATS:
         raise UsageError(f"--format must be one of {', '.join(exports.FORMATS)}, not {chosen!r}")
-    source = exports.rows(find(args.paths), with_text=args.text, workers=args.jobs or os.cpu_count() or 1)
+    if chosen == "parquet" and args.output is None:
+        raise UsageError("--format parquet needs -o FILE")
+    found = find(args.paths)
+    _tell(found.note())
+    workers = args.jobs or os.cpu_count() or 1
+    if args.trials is not None:
+        from ..view import report as reports
+
+        scores = reports.load_scores(args.scores) if args.scores else None
+        heads = reports.load_heads(args.heads) if args.heads else None
+        built = reports.build(found.pairs, key=key, workers=workers, scores=scores, heads=heads)
+        try:
+            _write_table(exports, chosen, args.trials, exports.trial_rows(built), exports.TRIALS_SCHEMA)
+        finally:
+            built.close()
+    source = exports.rows(found.pairs, with_text=args.text, workers=workers)
+    _write_table(exports, chosen, args.output, source, exports.schema(args.text))
+    return 0
+
+
+def _write_table(
+    exports: Any, chosen: str, path: str | None, source: Iterator[dict[str, Any]], columns: tuple[tuple[str, str], ...]
+) -> None:
     if chosen == "parquet":
-        if args.output is None:
-            raise UsageError("--format parquet needs -o FILE")
-        with _temporary(args.output) as temporary:
-            exports.write_parquet(source, temporary, args.text)
-        return 0
-    with _output(args.output) as out:
+        assert path is not None  # checked before anything was read
+        with _temporary(path) as temporary:
+            exports.write_parquet(source, temporary, columns)
+        return
+    with _output(path) as out:
         if chosen == "csv":
-            exports.write_csv(source, out, args.text)
+            exports.write_csv(source, out, columns)
         else:
             exports.write_jsonl(source, out)
-    return 0
 
 
 __all__ = ["EXIT_NOT_INTACT", "EXIT_OF_VERDICT", "export", "report", "show", "status", "verdict_exit"]

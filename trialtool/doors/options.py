@@ -40,15 +40,16 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
         "--key-file",
         "key_file",
         "text",
-        (*_TRIAL, "report"),
+        (*_TRIAL, *_MANY),
         None,
         "file holding the ledger key (else $TRIALTOOL_LEDGER_KEY)",
     ),
     ("--json", "json", "switch", ("verify", "status", "show"), None, "print JSON instead of text"),
     ("--strict", "strict", "switch", ("verify", "report"), None, "exit non-zero for any trial that is not clean"),
-    ("--heads", "heads", "text", ("report",), None, "trial_id and head the harness was given, CSV or JSONL"),
+    ("--heads", "heads", "text", _MANY, None, "trial_id and head the harness was given, CSV or JSONL"),
     ("--expect-head", "expect_head", "text", ("verify",), None, "the chain head the harness was last given"),
     ("--call", "call", "whole", ("show",), None, "one call's whole record and the text it delivered"),
+    ("--record", "record", "whole", ("show",), None, "one record, by its number in the log (unique)"),
     (
         "--format",
         "format",
@@ -59,7 +60,8 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
     ),
     ("--output", "output", "text", _MANY, None, "write to this file (-o) instead of stdout"),
     ("--jobs", "jobs", "whole", _MANY, None, "worker processes (default: one per CPU)"),
-    ("--scores", "scores", "text", ("report",), None, "the benchmark's scores, CSV or JSONL of trial_id and score"),
+    ("--scores", "scores", "text", _MANY, None, "the benchmark's scores: CSV or JSONL of score by trial_id or labels"),
+    ("--trials", "trials", "text", ("export",), None, "also write the trials table (verdict, labels, ...) to FILE"),
     ("--details", "details", "whole", ("report",), None, "html: trials whose calls the page embeds"),
     ("--text", "text", "switch", ("export",), None, "add the text each call delivered"),
     ("--max-calls", "max_calls", "number", _CALLING, _LIMIT, "calls the trial may make"),
@@ -87,6 +89,7 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
     ("--network", "network", "text", _CALLING, _LIMIT, "the sandbox's network: none (default) or host"),
     ("--workspace", "workspace", "text", _CALLING, _LIMIT, "the directory sandboxed commands may write (default .)"),
     ("--writable", "writable", "list", _CALLING, _LIMIT, "another path sandboxed commands may write (repeatable)"),
+    ("--label", "labels", "list", _CALLING, _LIMIT, "who the trial is: KEY=VALUE, such as task=t1 (repeatable)"),
     ("--max-concurrent", "max_concurrent", "whole", _SERVING, _SERVER, "tool calls run at once; more wait"),
     ("--max-request-bytes", "max_request_bytes", "whole", ("serve",), _SERVER, "longest request line"),
     ("--cwd", "cwd", "text", ("run",), _CALL, "directory to run the command in"),
@@ -279,8 +282,9 @@ def split(argv: list[str]) -> tuple[str, list[str], list[str]]:
 def overrides(args: Arguments) -> dict[str, Any]:
     """The limits given on the command line (absent ones are not overrides)."""
     given = {name: getattr(args, name) for name in _LIMIT_DESTS if getattr(args, name, None) is not None}
-    if not given.get("writable", True):
-        del given["writable"]  # a repeatable flag not used: absent, not an empty list pinned
+    for name in ("writable", "labels"):
+        if not given.get(name, True):
+            del given[name]  # a repeatable flag not used: absent, not an empty list pinned
     return given
 
 

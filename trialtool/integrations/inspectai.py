@@ -109,9 +109,11 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         epoch = 1 if state is None else state.epoch
         directory = _fresh(_root(settings, task_name) / f"{sample}-epoch{epoch}")
         workspace = directory / "workspace"
-        trial, created = await asyncio.to_thread(_create_trial, directory, workspace, settings)
+        labels = _labels(task_name, state)
+        trial, created = await asyncio.to_thread(_create_trial, directory, workspace, settings, labels)
         account = {
             "trial_id": created.trial_id,
+            "labels": created.labels,
             "state": str(directory / "state.json"),
             "log": str(directory / "log.jsonl"),
             "workspace": str(workspace),
@@ -308,8 +310,28 @@ def _fresh(directory: Path) -> Path:
             candidate = directory.with_name(f"{directory.name}-{attempt}")
 
 
-def _create_trial(directory: Path, workspace: Path, settings: TrialSandboxConfig) -> tuple[Trial, TrialState]:
-    """The sample's trial, created with its limits pinned, and its state as created."""
+def _labels(task_name: str, state: Any) -> dict[str, str]:
+    """Who the sample's trial is: task, sample id, epoch, model, and the eval's run and eval ids.
+
+    inspect's sample context says each; what it does not know here is left out.
+    """
+    labels = {"task": task_name}
+    if state is not None:
+        labels.update(sample=str(state.sample_id), epoch=str(state.epoch), model=str(state.model))
+    active = sample_active()
+    if active is not None:
+        labels["model"] = str(active.model)
+        for name, value in (("run", active.run_id), ("eval", active.eval_id), ("eval_set", active.eval_set_id)):
+            if value:
+                labels[name] = str(value)
+    # A label is printable text of bounded length (labels.py); a sample id may be neither.
+    return {name: "".join(ch if ch.isprintable() else "?" for ch in value)[:1024] for name, value in labels.items()}
+
+
+def _create_trial(
+    directory: Path, workspace: Path, settings: TrialSandboxConfig, labels: dict[str, str]
+) -> tuple[Trial, TrialState]:
+    """The sample's trial, created with its limits and labels pinned, and its state as created."""
     workspace.mkdir()
     key = None if settings.key_file is None else read_key_file(settings.key_file, "key_file")
     trial = Trial(
@@ -319,6 +341,7 @@ def _create_trial(directory: Path, workspace: Path, settings: TrialSandboxConfig
         key=key,
         hidden_files=[settings.key_file] if settings.key_file else [],
         origin=workspace,
+        labels=labels,
     )
     return trial, trial.init()
 

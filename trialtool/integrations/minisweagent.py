@@ -47,6 +47,9 @@ class TrialEnvironmentConfig(LocalEnvironmentConfig):
     merge_output: bool = True
     #: A file holding the ledger key (a keyed trial), hidden from sandboxed commands.
     key_file: str | None = None
+    #: Who the trial is (task, sample, epoch, model, ...): pinned at creation; the run script
+    #: that knows the instance sets them (mini's environment config does not know it).
+    labels: dict[str, str] = Field(default_factory=dict)
 
 
 class TrialEnvironment(LocalEnvironment):
@@ -61,6 +64,7 @@ class TrialEnvironment(LocalEnvironment):
             limits=self.config.limits,
             key=key,
             hidden_files=[self.config.key_file] if self.config.key_file else [],
+            labels=dict(self.config.labels) or None,
         )
 
     def execute(self, action: dict[str, Any], cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
@@ -110,6 +114,7 @@ class TrialEnvironment(LocalEnvironment):
             state = self.trial.status()
             account: dict[str, Any] = {
                 "trial_id": state.trial_id,
+                "labels": state.labels,
                 "budget": budget_of(state).as_json(),
                 # The log's chain head: `trial-tool verify --expect-head` checks the trial against it.
                 "head": state.log.head,

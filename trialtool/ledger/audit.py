@@ -93,8 +93,11 @@ def encode_parts(record: dict[str, Any]) -> Iterator[bytes]:
     yield line
 
 
-def append(path: str, record: dict[str, Any], head: LogHead, chain: Chain) -> LogHead:
-    """Chain `record` onto `head`, append it durably, and return the new head."""
+def append(path: str, record: dict[str, Any], head: LogHead, chain: Chain, *, claim: bool = False) -> LogHead:
+    """Chain `record` onto `head`, append it durably, and return the new head.
+
+    `claim`: the log's first record, written only if no one wrote one first (fsio.append's `only_at`).
+    """
     record["prev_hash"] = head.head
     hasher = chain.hasher()
 
@@ -104,7 +107,7 @@ def append(path: str, record: dict[str, Any], head: LogHead, chain: Chain) -> Lo
             yield part
         yield b"\n"
 
-    size = fsio.append(path, parts())
+    size = fsio.append(path, parts(), only_at=head.bytes if claim else None)
     return LogHead(head.records + 1, size, hasher.hexdigest(), head.bytes)
 
 

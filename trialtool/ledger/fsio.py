@@ -20,7 +20,7 @@ import errno
 import os
 import stat
 
-from ..errors import StorageError
+from ..errors import StateError, StorageError
 from ..osio import ensure_directory, reserve, write_all
 
 TYPE_CHECKING = False  # collections.abc costs 2.5 ms on the CLI's path (docs/performance.md)
@@ -167,9 +167,14 @@ def atomic_write(path: str, data: bytes, *, sync_directory: bool = True) -> None
         fsync_directory(directory or ".")
 
 
-def append(path: str, data: bytes | Iterable[bytes]) -> int:
+def append(path: str, data: bytes | Iterable[bytes], *, only_at: int | None = None) -> int:
     """Append `data` (bytes, or parts written one after another) to `path`, created if missing,
     and fsync it; return the new size.
+
+    `only_at`: append only if the file is exactly that long, checked and written under
+    an exclusive flock of the file itself, so that of two writers racing to make the
+    first line of one log (two trials given the same log), one wins and the other gets
+    StateError. Every trial-tool takes that lock for a log's first line.
 
     On failure the file is cut back to its old size, so that a failed append leaves
     no partial line behind; if even that fails the caller sees the original error
@@ -181,7 +186,17 @@ def append(path: str, data: bytes | Iterable[bytes]) -> int:
         raise _fail("open", path, exc) from exc
     created = False
     try:
+        if only_at is not None:
+            import fcntl  # only a trial's first record pays for it
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
         old_size = os.fstat(fd).st_size
+        if only_at is not None and old_size != only_at:
+            msg = (
+                f"log {path} was claimed by another trial (it has {old_size} bytes, this trial expected {only_at}): "
+                "refusing to run a call whose record could not be kept; give each trial its own log"
+            )
+            raise StateError(msg)
         created = old_size == 0
         step = "append to"
         written = 0

@@ -123,8 +123,7 @@ class Ledger:
         with self._lock():
             new = not os.path.lexists(self.state_path)
             state = self.store.open(overrides, create=True)
-            if new:
-                self.store.write(state, sync_directory=True)
+            self._claim(state, new)
         state.elapsed_seconds = state.elapsed()
         return state
 
@@ -164,11 +163,13 @@ class Ledger:
         pause = 0.005
         while True:
             with self._lock(cancelled):
+                new = not os.path.lexists(self.state_path)
                 state = self.store.open(overrides, create=True)
                 # The log must take this call's record: found out now, not after the command ran.
                 fsio.preflight_append(self.log_path)
                 if preflight is not None:
                     preflight(state)
+                self._claim(state, new)
                 self._recover(state)
                 if self._wait_for_others(state, one_at_a_time, serial):
                     if cancelled is not None:
@@ -197,6 +198,23 @@ class Ledger:
                         return self._charge(state, command, min(limits.max_call_tokens, unreserved), supervisor)
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
+
+    def _claim(self, state: TrialState, new: bool) -> None:
+        """A trial whose log has no line yet claims it (store.claim), its state written first.
+
+        The state first: a crash between the two leaves a trial with an empty log,
+        which the next call claims, rather than a log with no state, which no trial can use.
+        """
+        if new:
+            self.store.write(state, sync_directory=True)
+        if state.log.records == 0:
+            try:
+                self.store.claim(state)
+            except StateError:
+                if new:  # the state this call wrote for a trial that cannot have this log
+                    os.unlink(self.state_path)
+                raise
+            self.store.write(state)
 
     @staticmethod
     def _wait_for_others(

@@ -3,9 +3,12 @@
 Calls share one shape (`record_type` "trial_tool_call"), told apart by
 `status`: a call that ran, a call refused before it ran (`maximum_tool_calls`,
 `maximum_emitted_tokens`, `task_timeout_seconds`), and a call whose trial-tool
-died before committing it (`abandoned`). A fourth kind, `trial_tool_repair`,
-says that a torn last line was cut off after a crash. docs/records.md
-documents each field.
+died before committing it (`abandoned`). Two other kinds: `trial_tool_trial`,
+a trial's first line, which binds the log to its trial before any command
+runs and says who the trial is; `trial_tool_repair`, that a torn last line
+was cut off after a crash. Every line carries `record`, its number in the log:
+the one key unique to it (refusals share the sequence number of the call they
+would have been). docs/records.md documents each field.
 
 `apply` is the rule both the ledger (rolling a crash forward) and `verify`
 (recomputing a whole trial) use, so the two can never disagree on it.
@@ -22,6 +25,8 @@ from ..osio import os_bytes, shown
 RECORD_TYPE = "trial_tool_call"
 #: Record type of a log repair (a torn line cut off).
 REPAIR = "trial_tool_repair"
+#: Record type of a trial's first line (`start`).
+START = "trial_tool_trial"
 RECORD_VERSION = 1
 
 #: Statuses of calls refused before running.
@@ -46,7 +51,7 @@ def whole(value: Any) -> int:
 
 def apply(totals: Totals, record: dict[str, Any]) -> Totals | None:
     """The totals after `record`; None for a record of no kind the ledger writes."""
-    if record.get("record_type") == REPAIR:
+    if record.get("record_type") in (REPAIR, START):
         return totals
     if record.get("status") in REFUSED:
         return totals._replace(refused_calls=totals.refused_calls + 1)
@@ -227,6 +232,23 @@ def repair(trial_id: str, torn: bytes, at_utc: str) -> dict[str, Any]:
     }
 
 
+def start(
+    *, trial_id: str, limits: dict[str, Any], sandbox: dict[str, Any], labels: dict[str, str], at_utc: str
+) -> dict[str, Any]:
+    """A trial's first record: it claims the log, and says who the trial is and what it pinned."""
+    return {
+        "record_type": START,
+        "record_version": RECORD_VERSION,
+        "trial_id": trial_id,
+        "status": "trial_started",
+        "charged": False,
+        "limits": limits,
+        "sandbox_settings": sandbox,
+        "labels": labels,
+        "at_utc": at_utc,
+    }
+
+
 def call(*, trial_id: str, sequence: int, command: list[str], status: str, **fields: Any) -> dict[str, Any]:
     """A call that ran (or tried to: not found, not executable); `fields` are the rest."""
     record = _base(trial_id, sequence, command, status)
@@ -240,6 +262,7 @@ __all__ = [
     "RECORD_VERSION",
     "REFUSED",
     "REPAIR",
+    "START",
     "Totals",
     "abandoned",
     "apply",
@@ -249,5 +272,6 @@ __all__ = [
     "refusal",
     "repair",
     "size_bound",
+    "start",
     "whole",
 ]

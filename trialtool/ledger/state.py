@@ -55,8 +55,10 @@ class TrialState:
         "elapsed_seconds",
         "emitted_tokens",
         "in_flight",
+        "labels",
         "limits",
         "log",
+        "log_path",
         "rank_file",
         "refused_calls",
         "sandbox",
@@ -82,6 +84,8 @@ class TrialState:
         log: audit.LogHead | None = None,
         rank_file: dict[str, Any] | None = None,
         sandbox: Sandbox = UNSANDBOXED,
+        labels: dict[str, str] | None = None,
+        log_path: str | None = None,
     ) -> None:
         self.trial_id = trial_id
         #: How the log is chained and the state sealed: "sha256", or "hmac-sha256" with a key.
@@ -104,9 +108,21 @@ class TrialState:
         self.rank_file = rank_file
         #: The sandbox pinned at creation (none for a trial older than sandboxes).
         self.sandbox = sandbox
+        #: Who the trial is (labels.py): pinned at creation, never read back to decide anything.
+        self.labels: dict[str, str] = {} if labels is None else labels
+        #: The log's absolute path when the trial was created: where `report` looks first for it
+        #: (it pairs a state with a log by trial id; the files may have moved since).
+        self.log_path = log_path
 
     @classmethod
-    def new(cls, limits: Limits, chain: audit.Chain, sandbox: Sandbox = UNSANDBOXED) -> TrialState:
+    def new(
+        cls,
+        limits: Limits,
+        chain: audit.Chain,
+        sandbox: Sandbox = UNSANDBOXED,
+        labels: dict[str, str] | None = None,
+        log_path: str | None = None,
+    ) -> TrialState:
         """A fresh trial's state."""
         now = time.time()
         return cls(
@@ -117,6 +133,8 @@ class TrialState:
             started_at_utc=clock.utc(now),
             clock=clock.anchor(),
             sandbox=sandbox,
+            labels=labels,
+            log_path=log_path,
         )
 
     def elapsed(self) -> float:
@@ -153,6 +171,10 @@ class TrialState:
             document["rank_file"] = self.rank_file
         if self.sandbox is not UNSANDBOXED:
             document["sandbox"] = self.sandbox.as_json()
+        if self.labels:
+            document["labels"] = self.labels
+        if self.log_path is not None:
+            document["log_path"] = self.log_path
         return document
 
 
@@ -243,6 +265,12 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
     rank_file = data.get("rank_file")
     if rank_file is not None and not isinstance(rank_file, dict):
         raise bad("rank_file is malformed")
+    labels = data.get("labels", {})
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise bad("labels are malformed")
+    log_path = data.get("log_path")
+    if log_path is not None and not isinstance(log_path, str):
+        raise bad("log_path is malformed")
     if data["calls"] > limits.max_calls or data["emitted_tokens"] > limits.max_tokens:
         raise bad("counters exceed the pinned limits")
     if len(in_flight) > data["calls"]:
@@ -262,6 +290,8 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
         log=head,
         rank_file=rank_file,
         sandbox=sandbox,
+        labels=labels,
+        log_path=log_path,
     )
 
 

@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any
 
-from .. import sandbox
+from .. import labels, sandbox
 from ..errors import StateError
 from ..limits import Limits, check_pinned, from_overrides
 from . import audit, clock, fsio, mending, records
@@ -50,14 +50,32 @@ class Store:
         # module docstring): the log is, and a state one step behind it is mended.
         fsio.atomic_write(self.state_path, encode(state, self.chain), sync_directory=sync_directory)
 
-    def append(self, state: TrialState, record: dict[str, Any]) -> None:
+    def append(self, state: TrialState, record: dict[str, Any], *, claim: bool = False) -> None:
         """Append `record`, bound to this trial and stating the totals of `state` (already updated for it)."""
         record["trial_id"] = state.trial_id
+        record["record"] = state.log.records + 1
         if record.get("record_type") == records.RECORD_TYPE:
             record["sandbox"] = state.sandbox.mode
         record["ledger_after"] = state.totals().as_json()
-        state.log = audit.append(self.log_path, record, state.log, self.chain)
+        state.log = audit.append(self.log_path, record, state.log, self.chain, claim=claim)
         self._trust(state.log, record)
+
+    def claim(self, state: TrialState) -> None:
+        """Bind the log to this trial with its first record, before the trial's first command runs.
+
+        Written only if the log is still empty (audit.append's `claim`): of two trials
+        given one log at once, the second is refused here, before anything ran, rather
+        than after its command, when its record could no longer be kept.
+        """
+        sandbox = state.sandbox.as_json()
+        record = records.start(
+            trial_id=state.trial_id,
+            limits=state.limits._asdict(),
+            sandbox={name: sandbox.get(name) for name in ("mode", "network", "workspace", "writable")},
+            labels=state.labels,
+            at_utc=state.started_at_utc,
+        )
+        self.append(state, record, claim=True)
 
     def _trust(self, head: audit.LogHead, last: dict[str, Any] | None) -> None:
         """Remember the log as this process last wrote or checked it, stamp and all."""
@@ -81,7 +99,9 @@ class Store:
             self._trust(head, tail.last)
         return tail
 
-    def new_state(self, limits: Limits, pinned: sandbox.Sandbox = sandbox.UNSANDBOXED) -> TrialState:
+    def new_state(
+        self, limits: Limits, pinned: sandbox.Sandbox = sandbox.UNSANDBOXED, given: dict[str, str] | None = None
+    ) -> TrialState:
         """A new trial's state, refused over a log that already has records (or is not a plain file)."""
         fsio.check_regular(self.log_path)
         if os.path.exists(self.log_path) and os.path.getsize(self.log_path) > 0:
@@ -90,18 +110,20 @@ class Store:
                 "refusing to start a trial over another trial's log"
             )
             raise StateError(msg)
-        return TrialState.new(limits, self.chain, pinned)
+        return TrialState.new(limits, self.chain, pinned, given, os.path.abspath(self.log_path))
 
     def open(self, overrides: dict[str, Any], *, create: bool) -> TrialState:
         """The state, checked against its log (and mended after a crash). Under the lock."""
         mending.sweep_temporaries(self.state_path)
+        given, overrides = labels.split(overrides)
         state = self.load()
         if state is None:
             if not create:
                 msg = f"no trial at {self.state_path}: create it with `trial-tool init` or a first call"
                 raise StateError(msg)
             limits, settings = sandbox.split(overrides)
-            return self.new_state(from_overrides(limits), sandbox.pin(settings, self.sandbox_available))
+            return self.new_state(from_overrides(limits), sandbox.pin(settings, self.sandbox_available), given)
+        labels.check_pinned(state.labels, given)
         limits, settings = sandbox.split(overrides)
         check_pinned(state.limits, limits)
         sandbox.check_pinned(state.sandbox, settings)

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from ..errors import StateError, StorageError
 from ..osio import plain
 from . import audit, liveness, snapshot
-from .records import Totals, apply, whole
+from .records import START, Totals, apply, whole
 from .state import TrialState, decode
 
 
@@ -60,6 +60,8 @@ class Report(NamedTuple):
     head: str = audit.GENESIS
     #: Calls reserved and not recorded: {"sequence", "owner": "running" | "gone"}.
     in_flight: list[dict[str, Any]] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
+    #: The line of the record the state does not count yet (unconfirmed), if there is one.
+    pending: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         first = next((p for p in self.problems), None)
@@ -74,6 +76,7 @@ class Report(NamedTuple):
             "first_bad_sequence": next((p.sequence for p in self.problems if p.sequence is not None), None),
             "problems": [p._asdict() for p in self.problems],
             "unconfirmed": self.recoverable,
+            "unconfirmed_record": self.pending,
             "in_flight": self.in_flight,
         }
 
@@ -155,7 +158,12 @@ def check(
     # A call whose record is in the log already (the state one step behind) is not in flight: unconfirmed.
     in_flight = [] if state is None else [entry for entry in _in_flight(state) if entry["sequence"] not in charged]
     verdict, why = _verdict(problems, unverified, in_flight, recoverable, len(steps))
-    return Report(not problems, problems, len(steps), last.totals, recoverable, verdict, why, last.head, in_flight)
+    pending = None
+    if state is not None and len(steps) == state.log.records + 1 and not problems:
+        pending = len(steps)
+    return Report(
+        not problems, problems, len(steps), last.totals, recoverable, verdict, why, last.head, in_flight, pending
+    )
 
 
 def _away_from(steps: list[_Step], expected: str) -> str:
@@ -248,6 +256,10 @@ def _walk(
         trial_id = trial_id or record.get("trial_id")
         if record.get("trial_id") != trial_id:
             bad("a record of another trial (two trials share this log)")
+        if record.get("record", number) != number:
+            bad(f"the record says it is record {plain(record.get('record'))}: a line deleted, inserted or moved")
+        if record.get("record_type") == START and number != 1:
+            bad("a trial's first record, not on the log's first line")
         after = apply(totals, record)
         if after is None:
             bad(f"unknown kind of record (status {plain(record.get('status'))})")

@@ -12,48 +12,87 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import shlex
 from typing import Any, NamedTuple
 
 from .. import clipping, tokens
 
-#: The columns of one call's row, in order, with their kinds (export's schema; docs/graders.md).
+#: The columns of one call's row, in order, with their kinds (export's schema; docs/graders.md): every
+#: field a record has but the captured bytes (in the log; `export --text` adds the text delivered).
 SCHEMA = (
     ("trial_id", "text"),
+    ("record", "int"),
     ("sequence", "int"),
     ("record_type", "text"),
     ("status", "text"),
+    ("ended", "text"),
     ("charged", "bool"),
-    ("started_at_utc", "text"),
-    ("ended_at_utc", "text"),
+    ("complete_delivery", "bool"),
+    ("withheld", "bool"),
+    ("started_at_utc", "timestamp"),
+    ("ended_at_utc", "timestamp"),
     ("elapsed_seconds", "float"),
     ("wall_elapsed_seconds", "float"),
     ("deadline_seconds", "float"),
+    ("deadline_kind", "text"),
+    ("deadline_overshoot_seconds", "float"),
+    ("exited_after_deadline_seconds", "float"),
     ("return_code", "int"),
     ("command_exit_code", "int"),
     ("command_signal", "int"),
+    ("stop_signal", "int"),
+    ("error", "text"),
+    ("trial_tool_notice", "text"),
     ("allowance_tokens", "int"),
     ("delivered_stdout_tokens", "int"),
     ("delivered_stderr_tokens", "int"),
     ("delivered_emitted_tokens", "int"),
+    ("observed_stdout_tokens", "int"),
+    ("observed_stderr_tokens", "int"),
     ("observed_emitted_tokens", "int"),
+    ("token_cost_censored", "bool"),
+    ("tokenizer", "text"),
+    ("clip", "text"),
     ("output_truncated", "bool"),
     ("stdout_bytes", "int"),
     ("stderr_bytes", "int"),
+    ("stdout_capture_truncated", "bool"),
+    ("stderr_capture_truncated", "bool"),
+    ("stdout_sha256", "text"),
+    ("stderr_sha256", "text"),
     ("delivered_stdout_bytes", "int"),
     ("delivered_stderr_bytes", "int"),
+    ("delivered_stdout_sha256", "text"),
+    ("delivered_stderr_sha256", "text"),
     ("peak_rss_bytes", "int"),
+    ("peak_rss_scope", "text"),
     ("cpu_user_seconds", "float"),
     ("cpu_system_seconds", "float"),
+    ("processes_killed", "int"),
+    ("processes_surviving", "int"),
+    ("containment", "json"),
     ("sandbox", "text"),
     ("stdin_bytes", "int"),
+    ("stdin_sha256", "text"),
     ("merged_output", "bool"),
     ("command", "text"),
+    ("command_b64", "json"),
+    ("removed_bytes", "int"),
+    ("removed_sha256", "text"),
     ("charged_calls_after", "int"),
     ("emitted_tokens_after", "int"),
+    ("refused_calls_after", "int"),
+    ("record_version", "int"),
+    ("prev_hash", "text"),
 )
 COLUMNS = tuple(name for name, _ in SCHEMA)
 KIND = dict(SCHEMA)
+_AFTER = {
+    "charged_calls_after": "charged_calls",
+    "emitted_tokens_after": "emitted_tokens",
+    "refused_calls_after": "refused_calls",
+}
 
 
 def command_text(record: dict[str, Any]) -> str:
@@ -71,10 +110,8 @@ def row(record: dict[str, Any]) -> dict[str, Any]:
     for column in COLUMNS:
         if column == "command":
             value: Any = command_text(record)
-        elif column == "charged_calls_after":
-            value = after.get("charged_calls")
-        elif column == "emitted_tokens_after":
-            value = after.get("emitted_tokens")
+        elif column in _AFTER:
+            value = after.get(_AFTER[column])
         elif column == "started_at_utc":
             value = record.get("started_at_utc") or record.get("at_utc")
         elif column == "ended_at_utc":
@@ -83,6 +120,18 @@ def row(record: dict[str, Any]) -> dict[str, Any]:
             value = record.get(column)
         out[column] = typed(KIND[column], value)
     return out
+
+
+def instant(text: Any) -> Any:
+    """An ISO 8601 UTC time as a datetime (None where a record holds something else)."""
+    from datetime import datetime
+
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def mapping(value: Any) -> dict[str, Any]:
@@ -100,6 +149,10 @@ def typed(kind: str, value: Any) -> Any:
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if kind == "bool":
         return value if isinstance(value, bool) else None
+    if kind == "json":
+        # Nested values (containment, command_b64) as JSON text: one column a plain SQL engine reads.
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    # text, and timestamps (ISO 8601 text here; export's Parquet types them).
     return value if isinstance(value, str) else str(value)
 
 
@@ -160,4 +213,4 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-__all__ = ["COLUMNS", "KIND", "SCHEMA", "Delivered", "Replayer", "command_text", "mapping", "row", "typed"]
+__all__ = ["COLUMNS", "KIND", "SCHEMA", "Delivered", "Replayer", "command_text", "instant", "mapping", "row", "typed"]

@@ -1,11 +1,15 @@
-"""Every call of every trial as one flat row: JSON lines, CSV, or Parquet for SQL engines.
+"""Every call of every trial as one flat row, and every trial as one: JSON lines, CSV, or Parquet for SQL.
 
-A row is the call's own columns (calls.COLUMNS) after its trial's: the path,
+A call's row is its own columns (calls.COLUMNS) after its trial's: the path,
 the pinned limits and the sandbox, so that one table answers questions across
 a whole benchmark (`SELECT status, count(*) ... GROUP BY ALL` in DuckDB, Spark
-or Trino) without a join. Trials are read in worker processes and written in
-batches, never all held at once. Parquet needs pyarrow (`trialtool[parquet]`),
-which nothing else imports.
+or Trino) without a join; (trial_id, record) is its key. The trials table
+(`--trials FILE`) has a row for every trial found, calls or none: its verdict
+and why, its first bad record, what ended it, its fairness group, labels,
+score and paths, built by the report (report.py) so that both say the same.
+Trials are read in worker processes and written in batches, never all held
+at once. Parquet needs pyarrow (`trialtool[parquet]`), which nothing else
+imports; there, timestamps are typed (TIMESTAMP, UTC).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from ..errors import TrialToolError, UsageError
+from ..ledger.records import START
+from ..limits import Limits
 from . import calls as call_rows
 from .render import spreadsheet_safe
 
@@ -28,12 +34,47 @@ TRIAL_SCHEMA = (
     ("max_call_tokens", "int"),
     ("trial_timeout", "float"),
     ("call_timeout", "float"),
-    ("clip", "text"),
     ("sandbox_mode", "text"),
     ("sandbox_network", "text"),
     ("keyed", "bool"),
 )
 TEXT_SCHEMA = (("delivered_stdout", "text"), ("delivered_stderr", "text"), ("delivered_matches", "bool"))
+#: Labels that harnesses set (the inspect integration sets them all), each a column of its own.
+KNOWN_LABELS = ("task", "sample", "epoch", "model", "run")
+#: The trials table's columns (docs/graders.md).
+TRIALS_SCHEMA = (
+    ("trial_id", "text"),
+    ("verdict", "text"),
+    ("why", "text"),
+    ("first_bad_record", "int"),
+    ("first_bad_sequence", "int"),
+    ("ended_by", "text"),
+    ("in_flight", "int"),
+    ("fairness_group", "int"),
+    ("differs", "json"),
+    ("labels", "json"),
+    *((name, "text") for name in KNOWN_LABELS),
+    ("score", "float"),
+    ("calls", "int"),
+    ("tokens", "int"),
+    ("seconds", "float"),
+    ("refused_calls", "int"),
+    ("records", "int"),
+    *(
+        (name, "int" if isinstance(default, int) else "float" if isinstance(default, float) else "text")
+        for name, default in Limits()._asdict().items()
+    ),
+    ("sandbox_mode", "text"),
+    ("sandbox_network", "text"),
+    ("keyed", "bool"),
+    ("head", "text"),
+    ("log_head", "text"),
+    ("started_at_utc", "timestamp"),
+    ("first_call_at_utc", "timestamp"),
+    ("last_call_at_utc", "timestamp"),
+    ("state", "text"),
+    ("log", "text"),
+)
 FORMATS = ("jsonl", "csv", "parquet")
 _BATCH = 20_000
 _CHUNK = 32
@@ -62,7 +103,6 @@ def _rows(job: tuple[str, str, bool]) -> list[dict[str, Any]]:
     sandbox = call_rows.mapping(state.get("sandbox"))
     values = {
         "state": state_path,
-        "clip": limits.get("clip"),
         "sandbox_mode": sandbox.get("mode", "none"),
         "sandbox_network": sandbox.get("network", "none"),
         "keyed": state.get("chain") == "hmac-sha256",
@@ -71,6 +111,8 @@ def _rows(job: tuple[str, str, bool]) -> list[dict[str, Any]]:
     replayer = call_rows.Replayer() if with_text else None
     rows = []
     for record in records_of(taken.log):
+        if record.get("record_type") == START:
+            continue  # the trial's first line: its labels and limits are the trials table's
         row = {**trial, **call_rows.row(record)}
         if replayer is not None:
             given = replayer.delivered(record)
@@ -96,6 +138,46 @@ def rows(pairs: Iterable[tuple[str, str]], *, with_text: bool = False, workers: 
             yield from batch
 
 
+def trial_rows(report: Any) -> Iterator[dict[str, Any]]:
+    """One row of TRIALS_SCHEMA a trial, from a built report (flagged trials first)."""
+    for summary in report.trials():
+        integrity = summary["integrity"]
+        limits = summary["limits"]
+        labels = summary.get("labels") or {}
+        fairness = summary.get("fairness") or {}
+        values = {
+            **{name: limits.get(name) for name in Limits._fields},
+            **{name: labels.get(name) for name in KNOWN_LABELS},
+            "trial_id": summary["trial_id"],
+            "verdict": integrity["verdict"],
+            "why": integrity.get("why"),
+            "first_bad_record": integrity.get("first_bad_record"),
+            "first_bad_sequence": integrity.get("first_bad_sequence"),
+            "ended_by": summary["ended_by"],
+            "in_flight": summary["in_flight"],
+            "fairness_group": fairness.get("group"),
+            "differs": fairness.get("differs") or {},
+            "labels": labels,
+            "score": summary.get("score"),
+            "calls": summary["used"]["calls"],
+            "tokens": summary["used"]["tokens"],
+            "seconds": summary["used"]["seconds"],
+            "refused_calls": summary["refused_calls"],
+            "records": summary["records"],
+            "sandbox_mode": summary["sandbox"]["mode"],
+            "sandbox_network": summary["sandbox"]["network"],
+            "keyed": summary["keyed"],
+            "head": summary["head"],
+            "log_head": summary.get("log_head"),
+            "started_at_utc": summary.get("started_at_utc"),
+            "first_call_at_utc": summary.get("first_call_at_utc"),
+            "last_call_at_utc": summary.get("last_call_at_utc"),
+            "state": summary["state"],
+            "log": summary["log"],
+        }
+        yield {name: call_rows.typed(kind, values.get(name)) for name, kind in TRIALS_SCHEMA}
+
+
 def write_jsonl(source: Iterator[dict[str, Any]], out: IO[str]) -> int:
     count = 0
     for row in source:
@@ -104,8 +186,8 @@ def write_jsonl(source: Iterator[dict[str, Any]], out: IO[str]) -> int:
     return count
 
 
-def write_csv(source: Iterator[dict[str, Any]], out: IO[str], with_text: bool) -> int:
-    writer = csv.DictWriter(out, fieldnames=[name for name, _ in schema(with_text)])
+def write_csv(source: Iterator[dict[str, Any]], out: IO[str], columns: tuple[tuple[str, str], ...]) -> int:
+    writer = csv.DictWriter(out, fieldnames=[name for name, _ in columns])
     writer.writeheader()
     count = 0
     for row in source:
@@ -115,20 +197,30 @@ def write_csv(source: Iterator[dict[str, Any]], out: IO[str], with_text: bool) -
     return count
 
 
-def write_parquet(source: Iterator[dict[str, Any]], path: str, with_text: bool) -> int:
-    """Typed columns, written a batch at a time (pyarrow)."""
+def write_parquet(source: Iterator[dict[str, Any]], path: str, columns: tuple[tuple[str, str], ...]) -> int:
+    """Typed columns, written a batch at a time (pyarrow); timestamps as TIMESTAMP (UTC, microseconds)."""
     try:
         import pyarrow as pa  # type: ignore[import-untyped]
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
     except ImportError as exc:
         msg = "Parquet needs pyarrow: pip install 'trialtool[parquet]'"
         raise UsageError(msg) from exc
-    types = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "text": pa.string()}
-    arrow = pa.schema([(name, types[kind]) for name, kind in schema(with_text)])
+    types = {
+        "int": pa.int64(),
+        "float": pa.float64(),
+        "bool": pa.bool_(),
+        "text": pa.string(),
+        "json": pa.string(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+    }
+    arrow = pa.schema([(name, types[kind]) for name, kind in columns])
+    times = [name for name, kind in columns if kind == "timestamp"]
     count = 0
     with pq.ParquetWriter(path, arrow, compression="zstd") as writer:
         batch: list[dict[str, Any]] = []
         for row in source:
+            for name in times:
+                row[name] = call_rows.instant(row[name])
             batch.append(row)
             if len(batch) == _BATCH:
                 writer.write_table(pa.Table.from_pylist(batch, schema=arrow))
@@ -140,4 +232,16 @@ def write_parquet(source: Iterator[dict[str, Any]], path: str, with_text: bool) 
     return count
 
 
-__all__ = ["FORMATS", "TEXT_SCHEMA", "TRIAL_SCHEMA", "rows", "schema", "write_csv", "write_jsonl", "write_parquet"]
+__all__ = [
+    "FORMATS",
+    "KNOWN_LABELS",
+    "TEXT_SCHEMA",
+    "TRIALS_SCHEMA",
+    "TRIAL_SCHEMA",
+    "rows",
+    "schema",
+    "trial_rows",
+    "write_csv",
+    "write_jsonl",
+    "write_parquet",
+]

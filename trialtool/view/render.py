@@ -8,23 +8,30 @@ import os
 import shutil
 from typing import IO, Any
 
-from .calls import command_text
+from ..limits import Limits
+from .calls import command_text, instant
+
+#: Every pinned limit, in the order of `Limits`.
+LIMIT_FIELDS = Limits._fields
 
 #: The per-trial columns of a report's table, CSV and markdown.
 TRIAL_COLUMNS = (
     "trial",
     "trial_id",
-    "calls",
-    "max_calls",
-    "tokens",
-    "max_tokens",
-    "seconds",
-    "trial_timeout",
-    "ended_by",
+    "labels",
     "integrity",
     "why",
+    "fairness_group",
+    "differs",
+    "calls",
+    "tokens",
+    "seconds",
+    *LIMIT_FIELDS,
+    "ended_by",
+    "in_flight",
     "statuses",
     "sandbox",
+    "network",
     "sandbox_fallback",
     "keyed",
     "score",
@@ -74,6 +81,7 @@ def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
     intact = "FAILED" if verdict == "failed" else verdict
     lines = [
         f"trial     {summary['trial_id']}  ({summary['state']})",
+        *([f"labels    {labels_text(summary['labels'])}"] if summary.get("labels") else []),
         f"calls     {used['calls']} of {limits.get('max_calls')} used, {left['calls']} left"
         + (f"; {summary['in_flight']} in flight" if summary["in_flight"] else ""),
         f"tokens    {used['tokens']} of {limits.get('max_tokens')} delivered, {left['tokens']} left",
@@ -96,11 +104,11 @@ def _statuses(statuses: dict[str, int]) -> str:
 def calls_table(records: list[dict[str, Any]], started_at: str | None, width: int | None = None) -> str:
     """`trial-tool show`: one line a record."""
     width = width or shutil.get_terminal_size((120, 24)).columns
-    origin = _parse_time(started_at) if started_at else None
-    header = ("seq", "start", "secs", "status", "exit", "tokens", "clip", "command")
+    origin = instant(started_at) if started_at else None
+    header = ("rec", "seq", "start", "secs", "status", "exit", "tokens", "clip", "command")
     rows: list[tuple[str, ...]] = []
     for record in records:
-        start = _parse_time(record.get("started_at_utc") or record.get("at_utc"))
+        start = instant(record.get("started_at_utc") or record.get("at_utc"))
         offset = f"+{(start - origin).total_seconds():.1f}s" if start and origin else "-"
         ran = record.get("elapsed_seconds")
         # What the agent got (124 for a deadline), with the command's own status beside it when it differs.
@@ -116,6 +124,7 @@ def calls_table(records: list[dict[str, Any]], started_at: str | None, width: in
         allowance = record.get("allowance_tokens")
         rows.append(
             (
+                visible(record.get("record", "-")),
                 visible(record.get("sequence", "-")),
                 offset,
                 f"{ran:.2f}" if isinstance(ran, (int, float)) else "-",
@@ -127,17 +136,6 @@ def calls_table(records: list[dict[str, Any]], started_at: str | None, width: in
             )
         )
     return _table(header, rows, width)
-
-
-def _parse_time(text: Any) -> Any:
-    from datetime import datetime
-
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], width: int) -> str:
@@ -161,24 +159,38 @@ def trial_row(summary: dict[str, Any], base: str | None = None) -> dict[str, Any
             path = os.path.relpath(path, base)
         except ValueError:
             pass
+    fairness = summary.get("fairness") or {}
     return {
         "trial": path,
         "trial_id": summary["trial_id"],
-        "calls": summary["used"]["calls"],
-        "max_calls": limits.get("max_calls"),
-        "tokens": summary["used"]["tokens"],
-        "max_tokens": limits.get("max_tokens"),
-        "seconds": summary["used"]["seconds"],
-        "trial_timeout": limits.get("trial_timeout"),
-        "ended_by": summary["ended_by"] or "",
+        "labels": labels_text(summary.get("labels") or {}),
         "integrity": summary["integrity"]["verdict"],
         "why": summary["integrity"].get("why", ""),
+        "fairness_group": fairness.get("group", ""),
+        "differs": differs_text(fairness.get("differs") or {}),
+        "calls": summary["used"]["calls"],
+        "tokens": summary["used"]["tokens"],
+        "seconds": summary["used"]["seconds"],
+        **{name: limits.get(name, "") for name in LIMIT_FIELDS},
+        "ended_by": summary["ended_by"] or "",
+        "in_flight": summary.get("in_flight", 0),
         "statuses": _statuses(summary["statuses"]),
         "sandbox": summary["sandbox"]["mode"],
+        "network": summary["sandbox"]["network"],
         "sandbox_fallback": summary.get("sandbox_fallback") or "",
         "keyed": summary["keyed"],
         "score": summary.get("score", ""),
     }
+
+
+def labels_text(labels: dict[str, Any]) -> str:
+    """`key=value` pairs, space-separated (a label's value holds no control character, but may hold spaces)."""
+    return " ".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
+
+def differs_text(differs: dict[str, Any]) -> str:
+    """What a trial's rules change from the majority's: `field majority -> theirs`, semicolon-separated."""
+    return "; ".join(f"{name} {mine} -> {theirs}" for name, (mine, theirs) in differs.items())
 
 
 def overview_lines(overview: dict[str, Any]) -> list[str]:
@@ -192,8 +204,7 @@ def overview_lines(overview: dict[str, Any]) -> list[str]:
         flagged = sum(other["trials"] for other in fairness["others"])
         lines.append(f"fairness: {flagged} trials differ from the majority's rules ({majority['trials']} trials):")
         for other in fairness["others"]:
-            differs = "; ".join(f"{name} {mine} -> {theirs}" for name, (mine, theirs) in other["differs"].items())
-            lines.append(f"  {other['trials']} trials: {differs}")
+            lines.append(f"  group {other['group']}, {other['trials']} trials: {differs_text(other['differs'])}")
     limits = majority["limits"]
     lines.append(
         f"rules: calls {limits.get('max_calls')}, tokens {limits.get('max_tokens')}, "
@@ -202,6 +213,9 @@ def overview_lines(overview: dict[str, Any]) -> list[str]:
         f"(network {majority['sandbox']['network']}), tokenizer {', '.join(majority['tokenizer'])}"
     )
     lines.append("integrity: " + ", ".join(f"{name} {count}" for name, count in overview["integrity"].items()))
+    ignored = len(overview.get("ignored_inside_workspaces") or ())
+    if ignored:
+        lines.append(f"{ignored} files inside trials' workspaces ignored (a command could write them)")
     if overview["duplicate_trial_ids"]:
         lines.append(f"duplicate trial ids (copies counted twice?): {len(overview['duplicate_trial_ids'])}")
     lines.append("ended by: " + ", ".join(f"{name} {count}" for name, count in overview["ended_by"].items()))
@@ -221,20 +235,22 @@ def overview_lines(overview: dict[str, Any]) -> list[str]:
 
 def report_table(report: Any, out: IO[str], base: str | None) -> None:
     out.write("\n".join(overview_lines(report.overview)) + "\n\n")
-    header = ("calls", "tokens", "secs", "ended", "integrity", "score", "trial")
+    header = ("rules", "calls", "tokens", "secs", "ended", "integrity", "score", "trial")
     width = shutil.get_terminal_size((160, 24)).columns
     batch: list[tuple[str, ...]] = []
     for summary in report.trials():
         row = trial_row(summary, base)
+        labels = f"  [{row['labels']}]" if row["labels"] else ""
         batch.append(
             (
+                "majority" if row["fairness_group"] in (1, "") else f"group {row['fairness_group']}",
                 f"{row['calls']}/{row['max_calls']}",
                 f"{row['tokens']}/{row['max_tokens']}",
                 f"{row['seconds']:g}",
                 visible(row["ended_by"] or "-"),
                 visible(row["integrity"]),
                 "" if row["score"] == "" else f"{row['score']:g}",
-                visible(row["trial"] + (f"  ({row['why']})" if row["why"] else "")),
+                visible(row["trial"] + labels + (f"  ({row['why']})" if row["why"] else "")),
             )
         )
         if len(batch) == 1000:  # aligned per thousand rows, so the table streams

@@ -22,9 +22,10 @@ import time
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from ..errors import UsageError
+from ..ledger.records import START
 from . import summary as summaries
 from .calls import Replayer, command_text, mapping
 
@@ -35,12 +36,26 @@ TEXT_PREVIEW = 2000
 
 
 class Report:
-    """The overview of many trials, and their summaries streamed back from disk, flagged ones first."""
+    """The overview of many trials, and their summaries streamed back from disk, flagged ones first.
 
-    def __init__(self, spool: IO[bytes], overview: dict[str, Any], flagged: set[int]) -> None:
+    Each summary comes back with `fairness`: its group (1, the majority's rules;
+    2, 3, ... the others, most trials first, as the overview lists them) and what
+    its rules change from the majority's.
+    """
+
+    def __init__(
+        self,
+        spool: IO[bytes],
+        overview: dict[str, Any],
+        flagged: set[int],
+        rule_of: array[int] | None = None,
+        groups: dict[int, dict[str, Any]] | None = None,
+    ) -> None:
         self._spool = spool
         self.overview = overview
         self._flagged = flagged
+        self._rule_of = rule_of if rule_of is not None else array("l")
+        self._groups = groups or {}
 
     def trials(self, *, details: bool = False) -> Iterator[dict[str, Any]]:
         """Every trial's summary (with `calls` when built with them and `details`), flagged trials first."""
@@ -52,52 +67,82 @@ class Report:
                 entry: dict[str, Any] = json.loads(line)
                 if not details:
                     entry.pop("calls", None)
+                if index < len(self._rule_of):
+                    entry["fairness"] = self._groups[self._rule_of[index]]
                 yield entry
 
     def close(self) -> None:
         self._spool.close()
 
 
-def load_scores(path: str) -> dict[str, float]:
-    """trial id -> score, from CSV (a header naming `trial_id` and `score`, or two columns) or JSON lines."""
-    return _load_column(path, "score", float, "scores")
+class Scores(NamedTuple):
+    """The benchmark's scores, keyed by trial id or by labels (`task`, `sample`, `epoch`, ...)."""
+
+    #: The columns a score is matched on: ("trial_id",), or label keys.
+    by: tuple[str, ...]
+    table: dict[tuple[str, ...], float]
+
+    def of(self, summary: dict[str, Any]) -> float | None:
+        labels = summary.get("labels") or {}
+        key = tuple(str(summary.get("trial_id")) if name == "trial_id" else labels.get(name) for name in self.by)
+        return self.table.get(key)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
+def load_scores(path: str) -> Scores:
+    """The scores of a CSV (a header naming `score` and `trial_id` or label keys; or two columns) or JSON lines.
+
+    Without `trial_id`, every other column names a label, and a trial's score is the
+    row whose values are its labels': a benchmark's own results table joins as it is.
+    """
+    rows = _load_rows(path, "scores")
+    by: tuple[str, ...] = ("trial_id",)
+    if rows and "trial_id" not in rows[0]:
+        by = tuple(name for name in rows[0] if name != "score")
+    table: dict[tuple[str, ...], float] = {}
+    try:
+        for row in rows:
+            table[tuple(str(row[name]) for name in by)] = float(row["score"])
+    except (KeyError, ValueError, TypeError) as exc:
+        msg = f"scores {path}: every row needs a score, a number, and {', '.join(by)} ({exc})"
+        raise UsageError(msg) from exc
+    return Scores(by, table)
 
 
 def load_heads(path: str) -> dict[str, str]:
     """trial id -> the chain head its harness was last given, from CSV (`trial_id`, `head`) or JSON lines."""
-    return _load_column(path, "head", lambda value: str(value).lower(), "heads")
+    try:
+        return {str(row["trial_id"]): str(row["head"]).lower() for row in _load_rows(path, "heads")}
+    except KeyError as exc:
+        msg = f"heads {path}: expected CSV (trial_id,head) or JSON lines with trial_id and head (no {exc})"
+        raise UsageError(msg) from exc
 
 
-def _load_column(path: str, column: str, convert: Callable[[Any], Any], what: str) -> dict[str, Any]:
-    """trial id -> `column`, from CSV (a header naming `trial_id` and `column`, or two columns) or JSON lines."""
+def _load_rows(path: str, what: str) -> list[dict[str, Any]]:
+    """The rows of a CSV (with a header, or two columns: trial_id and the value) or JSON lines file."""
     try:
         with open(path, encoding="utf-8", newline="") as handle:
             text = handle.read()
     except OSError as exc:
         msg = f"cannot read {what} {path}: {exc.strerror or exc}"
         raise UsageError(msg) from exc
-    found: dict[str, Any] = {}
+    value = "score" if what == "scores" else "head"
     try:
         if text.lstrip().startswith("{"):
-            for line in text.splitlines():
-                if line.strip():
-                    row = json.loads(line)
-                    found[str(row["trial_id"])] = convert(row[column])
-            return found
-        rows = list(csv.reader(text.splitlines()))
-        if rows and "trial_id" in rows[0]:
-            header = rows[0]
-            id_at, value_at = header.index("trial_id"), header.index(column)
-            rows = rows[1:]
-        else:
-            id_at, value_at = 0, 1
-        for row in rows:
-            if row:
-                found[row[id_at]] = convert(row[value_at])
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        msg = f"{what} {path}: expected CSV (trial_id,{column}) or JSON lines with trial_id and {column} ({exc})"
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            if not all(isinstance(row, dict) for row in rows):
+                raise ValueError("a line is not a JSON object")
+            return rows
+        table = [row for row in csv.reader(text.splitlines()) if row]
+        if table and value in table[0]:
+            header = table[0]
+            return [dict(zip(header, row, strict=True)) for row in table[1:]]
+        return [{"trial_id": row[0], value: row[1]} for row in table]
+    except (ValueError, IndexError) as exc:
+        msg = f"{what} {path}: expected CSV (a header, or trial_id,{value}) or JSON lines ({exc})"
         raise UsageError(msg) from exc
-    return found
 
 
 def _against_head(summary: dict[str, Any], heads: dict[str, str]) -> None:
@@ -121,7 +166,7 @@ def _work(job: tuple[str, str, bytes | None, bool]) -> dict[str, Any]:
         return summaries.unreadable(state, log, str(getattr(exc, "message", exc)))
     summary, records = summaries.summarize_snapshot(taken, state, log, key)
     if with_calls:
-        summary["calls"] = [_call_entry(record) for record in records]
+        summary["calls"] = [_call_entry(record) for record in records if record.get("record_type") != START]
     return summary
 
 
@@ -138,6 +183,7 @@ def _call_entry(record: dict[str, Any]) -> dict[str, Any]:
     wall = record.get("wall_elapsed_seconds")
     ran = record.get("elapsed_seconds")
     return {
+        "record": record.get("record"),
         "sequence": record.get("sequence"),
         "status": record.get("status") or record.get("record_type"),
         "end": wall if isinstance(wall, (int, float)) else None,
@@ -193,7 +239,7 @@ def build(
     *,
     key: bytes | None = None,
     workers: int | None = None,
-    scores: dict[str, float] | None = None,
+    scores: Scores | None = None,
     with_calls: bool = False,
     heads: dict[str, str] | None = None,
 ) -> Report:
@@ -224,8 +270,9 @@ def build(
         for done, summary in enumerate(_results(jobs, workers), 1):
             if heads:
                 _against_head(summary, heads)
-            if scores is not None and summary.get("trial_id") in scores:
-                summary["score"] = scores[summary["trial_id"]]
+            score = None if scores is None else scores.of(summary)
+            if score is not None:
+                summary["score"] = score
             spool.write(json.dumps(summary, separators=(",", ":")).encode() + b"\n")
             rule = summaries.fairness_key(summary)
             rules[rule] += 1
@@ -251,9 +298,13 @@ def build(
     majority, _ = rules.most_common(1)[0]
     majority_index = order[majority]
     flagged = {index for index, rule in enumerate(keys) if rule != majority_index}
+    fairness = _fairness(rules, majority)
+    groups = {order[majority]: {"group": 1, "differs": {}}}
+    for other in fairness["others"]:
+        groups[order[other.pop("rule")]] = {"group": other["group"], "differs": other["differs"]}
     overview = {
         "trials": len(jobs),
-        "fairness": _fairness(rules, majority),
+        "fairness": fairness,
         "integrity": dict(sorted(integrity.items())),
         "keyed": keyed,
         "duplicate_trial_ids": sorted(trial_id for trial_id, count in ids.items() if count > 1),
@@ -271,19 +322,19 @@ def build(
                 for name, values in sorted(scored.items())
             },
         }
-    return Report(spool, overview, flagged)
+    return Report(spool, overview, flagged, keys, groups)
 
 
 def _fairness(rules: Counter[str], majority: str) -> dict[str, Any]:
     """The majority's rules, and each other set of rules with how it differs and how many trials hold it."""
     base = json.loads(majority)
-    others = []
+    others: list[dict[str, Any]] = []
     for rule, count in rules.most_common():
         if rule == majority:
             continue
         theirs = json.loads(rule)
-        others.append({"trials": count, "differs": _differences(base, theirs)})
-    return {"same_rules": not others, "majority": {"trials": rules[majority], **base}, "others": others}
+        others.append({"group": len(others) + 2, "trials": count, "differs": _differences(base, theirs), "rule": rule})
+    return {"same_rules": not others, "majority": {"group": 1, "trials": rules[majority], **base}, "others": others}
 
 
 def _differences(base: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
@@ -315,4 +366,4 @@ def _histogram(values: array[float], bins: int = 20) -> list[int]:
     return counts
 
 
-__all__ = ["TEXT_PREVIEW", "Report", "build", "load_heads", "load_scores"]
+__all__ = ["TEXT_PREVIEW", "Report", "Scores", "build", "load_heads", "load_scores"]

@@ -16,7 +16,7 @@ from typing import Any
 from .. import budget
 from ..errors import StateError, TrialToolError
 from ..ledger import audit, liveness, snapshot
-from ..ledger.records import REFUSED, REPAIR, whole
+from ..ledger.records import REFUSED, REPAIR, START, whole
 from ..ledger.state import TrialState, decode
 from ..ledger.verify import Report, check
 from ..limits import LATER_FIELDS, Limits
@@ -27,9 +27,13 @@ BUDGET_OF = {"maximum_tool_calls": "calls", "maximum_emitted_tokens": "tokens", 
 
 
 def records_of(log: bytes) -> list[dict[str, Any]]:
-    """The log's whole lines that parse as JSON objects (a torn or bad line ends the list)."""
+    """The log's whole lines that parse as JSON objects (a torn or bad line ends the list).
+
+    Each has `record`, its line number: the key unique to it, which a log written
+    before records carried it gets here.
+    """
     found = []
-    for raw in log.splitlines(keepends=True):
+    for number, raw in enumerate(log.splitlines(keepends=True), 1):
         if not raw.endswith(b"\n"):
             break
         try:
@@ -38,6 +42,7 @@ def records_of(log: bytes) -> list[dict[str, Any]]:
             break
         if not isinstance(record, dict):
             break
+        record.setdefault("record", number)
         found.append(record)
     return found
 
@@ -70,6 +75,10 @@ def _integrity(report: Report, in_progress: bool) -> dict[str, Any]:
     if report.verdict == "failed":
         integrity["first_bad_sequence"] = next((p.sequence for p in report.problems if p.sequence is not None), None)
         integrity["line"] = report.problems[0].line if report.problems else None
+        # The record's number is its line (records carry it as `record`): one key for show, export and the page.
+        integrity["first_bad_record"] = integrity["line"]
+    if report.verdict == "unconfirmed" and report.pending is not None:
+        integrity["first_bad_record"] = report.pending
     return integrity
 
 
@@ -117,7 +126,11 @@ def summarize_snapshot(
     ended_by = None
     tokenizers = set()
     first_at = last_at = None
+    start: dict[str, Any] = {}
     for record in records:
+        if record.get("record_type") == START:
+            start = record
+            continue
         if record.get("record_type") == REPAIR:
             statuses["log_repaired"] += 1
             continue
@@ -150,6 +163,8 @@ def summarize_snapshot(
         "state": state_path,
         "log": log_path,
         "trial_id": raw.get("trial_id") if isinstance(raw.get("trial_id"), str) else None,
+        # Who the trial is: the state's labels, else its log's first record's (a state lost).
+        "labels": _labels(raw.get("labels", start.get("labels"))),
         "started_at_utc": raw.get("started_at_utc"),
         "first_call_at_utc": first_at,
         "last_call_at_utc": last_at,
@@ -176,12 +191,18 @@ def summarize_snapshot(
     return summary, records
 
 
+def _labels(value: Any) -> dict[str, str]:
+    found = mapping(value)
+    return {str(key): str(found[key]) for key in sorted(found)}
+
+
 def unreadable(state_path: str, log_path: str, why: str) -> dict[str, Any]:
     """The summary of a trial whose files cannot be read at all."""
     return {
         "state": state_path,
         "log": log_path,
         "trial_id": None,
+        "labels": {},
         "keyed": False,
         "limits": {},
         "sandbox": {"mode": "none", "network": "none"},

@@ -18,7 +18,7 @@ const rules = [["trials", majority.trials], ["sandbox", majority.sandbox.mode + 
 const ft = el("table"); const fh = ft.createTHead().insertRow();
 fh.appendChild(el("th", "rule")); fh.appendChild(el("th", "majority"));
 const others = overview.fairness.others;
-others.forEach((o, i) => fh.appendChild(el("th", "group " + (i + 2) + " (" + o.trials + " trials)")));
+others.forEach(o => fh.appendChild(el("th", "group " + o.group + " (" + o.trials + " trials)")));
 const fb = ft.createTBody();
 for (const [name, value] of rules) {
   const r = fb.insertRow(); r.insertCell().textContent = name; r.insertCell().textContent = String(value);
@@ -36,17 +36,20 @@ Plotly.newPlot("chart-ended", [{type: "bar", x: Object.keys(overview.ended_by), 
   marker: {color: "#6d4c41"}}], {title: {text: "what ended each trial"}, margin: {t: 40, b: 60, l: 50, r: 10},
   yaxis: {title: {text: "trials"}}}, {displayModeBar: false, responsive: true});
 
-const columns = [["trial", t => t.state], ["id", t => (t.trial_id || "").slice(0, 12)],
+const groupOf = t => (t.fairness && t.fairness.group) || 1;
+const reasonOf = t => t.integrity.verdict + (t.integrity.why ? ": " + t.integrity.why : "");
+const columns = [["trial", t => t.state + (t.labels && Object.keys(t.labels).length ? "  [" + Object.entries(t.labels).map(([k, v]) => k + "=" + v).join(" ") + "]" : "")],
+  ["id", t => (t.trial_id || "").slice(0, 12)], ["rules", t => groupOf(t) === 1 ? "majority" : "group " + groupOf(t)],
   ["calls", t => t.used.calls, t => t.limits.max_calls], ["tokens", t => t.used.tokens, t => t.limits.max_tokens],
   ["secs", t => t.used.seconds, t => t.limits.trial_timeout], ["ended by", t => t.ended_by || ""],
-  ["integrity", t => t.integrity.verdict], ["score", t => t.score === undefined ? "" : t.score]];
+  ["integrity", reasonOf], ["score", t => t.score === undefined ? "" : t.score]];
 const head = document.querySelector("#trials thead tr");
 let sortBy = -1, ascending = true, shown = 500;
 columns.forEach(([name], i) => { const th = el("th", name); th.onclick = () => { ascending = sortBy === i ? !ascending : true; sortBy = i; draw(); }; head.appendChild(th); });
-const flaggedIds = new Set();
-const majorityKey = JSON.stringify([majority.limits, majority.sandbox, majority.tokenizer]);
-trials.forEach((t, i) => { t._index = i; t._flagged = JSON.stringify([t.limits, t.sandbox, t.tokenizer]) !== majorityKey || t.integrity.verdict === "failed";
-  t._text = [t.state, t.trial_id, t.integrity.verdict, t.integrity.why || "", t.ended_by || ""].join(" ").toLowerCase(); });
+// Two markers, never one for both: other rules (the fairness check) and the verdict (integrity).
+const VERDICT_CLASS = {failed: "v-failed", unconfirmed: "v-doubt", in_flight: "v-doubt", unverified: "v-doubt"};
+trials.forEach((t, i) => { t._index = i; t._other = groupOf(t) !== 1; t._verdict = VERDICT_CLASS[t.integrity.verdict] || "";
+  t._text = [t.state, t.trial_id, reasonOf(t), t.ended_by || "", JSON.stringify(t.labels || {})].join(" ").toLowerCase(); });
 const filter = document.getElementById("filter");
 filter.oninput = () => { shown = 500; draw(); };
 document.getElementById("more").onclick = () => { shown += 500; draw(); };
@@ -57,8 +60,10 @@ function draw() {
     return (x < y ? -1 : x > y ? 1 : 0) * (ascending ? 1 : -1); }); }
   const body = document.querySelector("#trials tbody"); body.textContent = "";
   for (const t of rows.slice(0, shown)) {
-    const r = body.insertRow(); r.className = "trial" + (t._flagged ? " flagged" : ""); r.dataset.index = t._index;
-    for (const [, get, limit] of columns) r.insertCell().textContent = limit ? get(t) + " / " + limit(t) : String(get(t));
+    const r = body.insertRow(); r.className = "trial" + (t._other ? " other-rules" : ""); r.dataset.index = t._index;
+    for (const [name, get, limit] of columns) { const c = r.insertCell(); c.textContent = limit ? get(t) + " / " + limit(t) : String(get(t));
+      if (name === "rules" && t._other) c.className = "other-rules-cell";
+      if (name === "integrity" && t._verdict) c.className = t._verdict; }
     r.onclick = () => toggle(r, t);
   }
   document.getElementById("count").textContent = rows.length + " of " + trials.length + " trials" + (rows.length > shown ? ", first " + shown + " shown" : "");
@@ -78,6 +83,13 @@ function detail(t, container) {
   const charts = el("div", undefined, "charts"); const burn = el("div", undefined, "chart"); const line = el("div", undefined, "chart");
   charts.appendChild(burn); charts.appendChild(line); box.appendChild(charts);
   const timed = t.calls.filter(c => typeof c.end === "number");
+  const label = c => (c.sequence === null || c.sequence === undefined ? "" : "#" + c.sequence) + " r" + c.record;
+  const byCall = timed.slice().sort((a, b) => ((a.sequence || 0) - (b.sequence || 0)) || (a.record - b.record));
+  const bad = t.integrity.first_bad_record;
+  const limitLine = {type: "line", yref: "paper", y0: 0, y1: 1, x0: t.limits.trial_timeout, x1: t.limits.trial_timeout,
+    line: {color: "#b00020", width: 2}};
+  const limitNote = {xref: "x", yref: "paper", x: t.limits.trial_timeout, y: 1, text: "trial limit " + t.limits.trial_timeout + " s",
+    showarrow: false, xanchor: "right", yanchor: "bottom", font: {color: "#b00020", size: 11}};
   const xs = [0].concat(timed.map(c => c.end));
   const callsLeft = [t.limits.max_calls].concat(timed.map(c => t.limits.max_calls - (c.calls_after || 0)));
   const tokensLeft = [t.limits.max_tokens].concat(timed.map(c => t.limits.max_tokens - (c.tokens_after || 0)));
@@ -88,25 +100,31 @@ function detail(t, container) {
      yaxis: {title: {text: "calls left"}, range: [0, t.limits.max_calls * 1.05]},
      yaxis2: {title: {text: "tokens left"}, overlaying: "y", side: "right", range: [0, t.limits.max_tokens * 1.05]},
      shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: t.limits.max_calls, y1: t.limits.max_calls, line: {dash: "dash", color: "#1565c0"}},
-              {type: "line", xref: "paper", yref: "y2", x0: 0, x1: 1, y0: t.limits.max_tokens, y1: t.limits.max_tokens, line: {dash: "dot", color: "#ef6c00"}}],
+              {type: "line", xref: "paper", yref: "y2", x0: 0, x1: 1, y0: t.limits.max_tokens, y1: t.limits.max_tokens, line: {dash: "dot", color: "#ef6c00"}},
+              limitLine], annotations: [limitNote],
      legend: {orientation: "h"}}, {displayModeBar: false, responsive: true});
   const statuses = [...new Set(timed.map(c => c.status))];
   Plotly.newPlot(line, statuses.map(s => { const cs = timed.filter(c => c.status === s);
     return {type: "bar", orientation: "h", name: s, base: cs.map(c => c.end - (c.duration || 0)), x: cs.map(c => Math.max(c.duration || 0, 0.001)),
-      y: cs.map(c => "#" + c.sequence), marker: {color: STATUS_COLOURS[s] || "#607d8b"}}; }),
-    {title: {text: "calls over trial time"}, barmode: "overlay", margin: {t: 40, b: 40, l: 50, r: 10},
-     xaxis: {title: {text: "trial time (s)"}}, yaxis: {type: "category", autorange: "reversed"}, legend: {orientation: "h"}}, {displayModeBar: false, responsive: true});
+      y: cs.map(label), marker: {color: STATUS_COLOURS[s] || "#607d8b", line: {color: cs.map(c => c.record === bad ? "#b00020" : "rgba(0,0,0,0)"), width: 3}}}; }),
+    {title: {text: "calls over trial time, by call number"}, barmode: "overlay", margin: {t: 40, b: 40, l: 60, r: 10},
+     xaxis: {title: {text: "trial time (s)"}}, yaxis: {type: "category", categoryorder: "array", categoryarray: byCall.map(label), autorange: "reversed"},
+     shapes: [limitLine], annotations: [limitNote], legend: {orientation: "h"}}, {displayModeBar: false, responsive: true});
   const table = el("table", undefined, "calls"); const h = table.createTHead().insertRow();
-  for (const name of ["#", "status", "secs", "exit", "tokens", "command and what the agent read"]) h.appendChild(el("th", name));
+  for (const name of ["record", "call", "status", "secs", "exit", "tokens", "command and what the agent read"]) h.appendChild(el("th", name));
   const b = table.createTBody();
   for (const c of t.calls) {
-    const r = b.insertRow(); r.insertCell().textContent = c.sequence; r.insertCell().textContent = c.status;
+    const r = b.insertRow(); r.insertCell().textContent = c.record;
+    r.insertCell().textContent = c.sequence === null || c.sequence === undefined ? "-" : c.sequence; r.insertCell().textContent = c.status;
+    if (c.record === bad) { r.className = "bad-record"; }
     r.insertCell().textContent = (c.duration || 0).toFixed(2); r.insertCell().textContent = c.exit === null || c.exit === undefined ? "-" : c.exit;
     r.insertCell().textContent = c.tokens === null || c.tokens === undefined ? "-" : c.tokens + " / " + c.allowance + (c.clipped ? " (clipped)" : "");
-    const cell = r.insertCell(); cell.appendChild(el("code", c.command));
+    const cell = r.insertCell();
+    if (c.record === bad) cell.appendChild(el("div", t.integrity.verdict + " here: " + (t.integrity.why || ""), "flag"));
+    cell.appendChild(el("code", c.command));
     if (c.stdout) cell.appendChild(el("pre", c.stdout));
     if (c.stderr) { cell.appendChild(el("div", "stderr", "muted")); cell.appendChild(el("pre", c.stderr)); }
-    if (c.more) cell.appendChild(el("div", "(cut here; trial-tool show --call " + c.sequence + " has it all)", "muted"));
+    if (c.more) cell.appendChild(el("div", "(cut here; trial-tool show --record " + c.record + " has it all)", "muted"));
     if (c.matches === false) cell.appendChild(el("div", "the delivered text does not match the record's hash", "flag"));
     if (c.error) cell.appendChild(el("div", c.error, "muted"));
   }
