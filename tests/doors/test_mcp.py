@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import shlex
 import sys
@@ -70,6 +71,7 @@ def test_tools_run_and_report(trial: TrialFiles) -> None:
 
         left = await client.call_tool("budget", {})
         assert left.structured_content["calls_used"] == 3 and left.structured_content["exhausted"] is False
+        assert left.structured_content["head"] == json.loads(trial.state.read_text())["log"]["head"]
 
     with_client(trial, body, "--max-calls", "4")
     assert verify(trial.state, trial.log).ok

@@ -109,6 +109,11 @@ def test_each_sample_runs_in_a_trial_of_its_own(tmp_path: Path) -> None:
         # The trial's identity and its chain head (after the refusal's record), to join and anchor it.
         assert account["trial_id"] == stored["trial_id"] and account["head"] == stored["log"]["head"]
         assert verify(state, trial_log, expect_head=account["head"]).verdict == "clean"
+        # Labelled with what inspect knows of the sample, in the state and the log's first line alike.
+        labels = account["labels"]
+        assert labels["sample"] == str(sample.id) and labels["epoch"] == "1" and labels["model"] == "mockllm/model"
+        assert labels["task"] and labels["run"] == log.eval.run_id and labels["eval"] == log.eval.eval_id
+        assert stored["labels"] == labels == json.loads(trial_log.read_text().splitlines()[0])["labels"]
         spans.append((records[0]["started_at_utc"], records[2]["ended_at_utc"]))
     # The two samples ran at the same time, each against its own budget.
     (start1, end1), (start2, end2) = spans

@@ -45,6 +45,7 @@ def test_a_spent_budget_ends_the_run_as_minis_own_limits_do(tmp_path: Path) -> N
         tmp_path,
         ["echo 1; echo 2 >&2; echo 3", "exit 4", "echo never"],
         limits={"max_calls": 2, "sandbox": "none"},
+        labels={"task": "django__django-11099", "model": "deterministic"},
     )
     try:
         outcome = agent.run("go")
@@ -66,6 +67,7 @@ def test_a_spent_budget_ends_the_run_as_minis_own_limits_do(tmp_path: Path) -> N
     assert info["state"] == str(tmp_path / "state.json") and info["budget"]["calls_used"] == 2
     stored = json.loads((tmp_path / "state.json").read_text())
     assert info["trial_id"] == stored["trial_id"] and info["head"] == stored["log"]["head"]
+    assert info["labels"] == stored["labels"] == {"model": "deterministic", "task": "django__django-11099"}
     assert second["extra"]["trial_tool"]["head"] != info["head"]  # the refusal's record came after it
 
 

@@ -151,3 +151,14 @@ def test_a_command_that_fills_the_disk_still_gets_its_call_recorded(one_mib_disk
             leftover.unlink()
         assert api.run(["true"], cwd=workspace).status == "ok"
     assert verify(str(files.state), str(files.log)).ok
+
+
+def test_the_room_reserved_for_a_record_is_given_back_when_no_call_needs_it(tmp_path: Path) -> None:
+    """Each call reserves room for its record (a few MB at the default capture cap); once no call is in
+    flight the log holds only its own bytes: ten thousand trials must not keep ten thousand reservations."""
+    files = TrialFiles(tmp_path)
+    with Trial(files.state, files.log, limits={"sandbox": "none"}) as api:
+        for _ in range(3):
+            assert api.run(["echo", "hi"]).status == "ok"
+            allocated = os.stat(files.log).st_blocks * 512
+            assert allocated < os.path.getsize(files.log) + 64 * 1024, allocated

@@ -135,3 +135,20 @@ def test_a_lock_timeout_names_the_process_that_holds_the_lock(trial: TrialFiles)
         holder.stdout.close()
     assert lock.read_bytes() == b""  # nothing written into the lock file by anyone
     assert [row["status"] for row in strict_records(trial.log)] == ["ok"]
+
+
+def test_a_trial_whose_log_is_still_empty_claims_it_on_its_next_call(trial: TrialFiles) -> None:
+    """As a crash between writing a new trial's state and its log's first line leaves it (or a trial made
+    before logs had one): the next call claims the log, then runs."""
+    assert trial.cli("init", "--state", str(trial.state), "--log", str(trial.log)).returncode == 0
+    document = json.loads(trial.state.read_text())
+    document["log"] = {"records": 0, "bytes": 0, "head": "0" * 64, "last_offset": 0}
+    trial.state.write_text(json.dumps(document))
+    trial.log.write_bytes(b"")
+    assert trial.call("echo", "hi").returncode == 0
+    lines = [json.loads(line) for line in trial.log.read_text().splitlines()]
+    assert [(line["record_type"], line["record"]) for line in lines] == [
+        ("trial_tool_trial", 1),
+        ("trial_tool_call", 2),
+    ]
+    assert verify(trial.state, trial.log).verdict == "clean"

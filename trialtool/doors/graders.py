@@ -180,14 +180,11 @@ def report(args: Arguments, key: bytes | None) -> int:
         raise UsageError(f"--format must be one of {', '.join(REPORT_FORMATS)}, not {chosen!r}")
     if chosen == "html":
         html.plotly_js()  # the extra is there, before any trial is read
-    scores = reports.load_scores(args.scores) if args.scores else None
-    heads = reports.load_heads(args.heads) if args.heads else None
+    joined = _joined(args)
     found = find(args.paths)
-    built = reports.build(
-        found.pairs, key=key, workers=args.jobs, scores=scores, with_calls=chosen == "html", heads=heads
-    )
-    built.overview["ignored_inside_workspaces"] = found.ignored
     _tell(found.note())
+    built = reports.build(found.pairs, key=key, workers=args.jobs, with_calls=chosen == "html", **joined)
+    built.overview["ignored_inside_workspaces"] = found.ignored
     base = os.path.commonpath([os.path.abspath(p) for p in args.paths if "*" not in p] or [os.getcwd()])
     writers: dict[str, Callable[..., None]] = {
         "table": render.report_table,
@@ -208,6 +205,16 @@ def report(args: Arguments, key: bytes | None) -> int:
     counts = built.overview["integrity"]
     worst = next((verdict for verdict in VERDICTS if counts.get(verdict)), "clean")
     return verdict_exit(worst, strict=args.strict)
+
+
+def _joined(args: Arguments) -> dict[str, Any]:
+    """The scores and heads a grader brings (--scores, --heads), read before any trial is."""
+    from ..view import joins
+
+    return {
+        "scores": joins.load_scores(args.scores) if args.scores else None,
+        "heads": joins.load_heads(args.heads) if args.heads else None,
+    }
 
 
 def _tell(note: str | None) -> None:
@@ -231,9 +238,7 @@ def export(args: Arguments, key: bytes | None) -> int:
     if args.trials is not None:
         from ..view import report as reports
 
-        scores = reports.load_scores(args.scores) if args.scores else None
-        heads = reports.load_heads(args.heads) if args.heads else None
-        built = reports.build(found.pairs, key=key, workers=workers, scores=scores, heads=heads)
+        built = reports.build(found.pairs, key=key, workers=workers, **_joined(args))
         try:
             _write_table(exports, chosen, args.trials, exports.trial_rows(built), exports.TRIALS_SCHEMA)
         finally:

@@ -243,6 +243,25 @@ def reserve_tail(path: str, size: int) -> None:
         os.close(fd)
 
 
+def release_tail(path: str) -> None:
+    """Give back what `reserve_tail` allocated past the end of `path` (a truncation to its own size).
+
+    Without it each log would keep its last reservation (a few MB: a call's record at
+    its largest) for good. A failure leaves the space reserved, which costs disk, not
+    correctness: it is not reported.
+    """
+    try:
+        fd = open_own(path, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.ftruncate(fd, os.fstat(fd).st_size)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def stamp(path: str) -> list[int] | None:
     """What changes whenever the file's bytes do (device, inode, size, mtime, ctime), or None if absent."""
     try:
@@ -296,6 +315,7 @@ __all__ = [
     "preflight_append",
     "read_bytes",
     "read_input",
+    "release_tail",
     "reserve_tail",
     "stamp",
     "touch",

@@ -311,6 +311,8 @@ class Ledger:
             record["wall_elapsed_seconds"] = state.elapsed_seconds
             state.emitted_tokens += delivered
             self.store.append(state, record)
+            if not state.in_flight:
+                fsio.release_tail(self.log_path)  # no call in flight needs the room reserved for its record
             try:
                 self.store.write(state)
             except StorageError:
@@ -343,6 +345,8 @@ class Ledger:
             del state.in_flight[sequence]
             self.store.append(state, record)
             self.store.write(state)
+            if not state.in_flight:
+                fsio.release_tail(self.log_path)
 
 
 def _refusal(state: TrialState, elapsed: float) -> tuple[str, str] | None:
