@@ -258,13 +258,13 @@ message = marshal.dumps({"control": "status"})
 with socket.socket(socket.AF_UNIX) as sock:
     sock.settimeout(30)
     sock.connect(sys.argv[1])
-    sock.sendall(len(message).to_bytes(4, "big") + message)
     answer = b""
     try:
+        sock.sendall(len(message).to_bytes(4, "big") + message)
         while chunk := sock.recv(65536):
             answer += chunk
-    except ConnectionResetError:
-        pass  # closed with our request unread: no answer either
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # closed before or after our request was read: no answer either way
 print(len(answer))
 """
 

@@ -76,7 +76,7 @@ TRIALS_SCHEMA = (
     ("log", "text"),
 )
 FORMATS = ("jsonl", "csv", "parquet")
-_BATCH = 20_000
+_BATCH = 4096
 _CHUNK = 32
 
 
@@ -214,22 +214,42 @@ def write_parquet(source: Iterator[dict[str, Any]], path: str, columns: tuple[tu
         "timestamp": pa.timestamp("us", tz="UTC"),
     }
     arrow = pa.schema([(name, types[kind]) for name, kind in columns])
-    times = [name for name, kind in columns if kind == "timestamp"]
+    names = [name for name, _ in columns]
+
+    def table(batch: dict[str, list[Any]]) -> Any:
+        arrays = []
+        for name, kind in columns:
+            if kind == "timestamp":
+                arrays.append(_timestamps(pa, batch[name], types[kind]))
+            else:
+                arrays.append(pa.array(batch[name], type=types[kind]))
+        return pa.Table.from_arrays(arrays, schema=arrow)
+
     count = 0
     with pq.ParquetWriter(path, arrow, compression="zstd") as writer:
-        batch: list[dict[str, Any]] = []
+        # Column lists, converted a column at a time: many times faster than a row of dicts at a time.
+        batch: dict[str, list[Any]] = {name: [] for name in names}
+        size = 0
         for row in source:
-            for name in times:
-                row[name] = call_rows.instant(row[name])
-            batch.append(row)
-            if len(batch) == _BATCH:
-                writer.write_table(pa.Table.from_pylist(batch, schema=arrow))
-                count += len(batch)
-                batch = []
-        if batch or not count:
-            writer.write_table(pa.Table.from_pylist(batch, schema=arrow))
-            count += len(batch)
+            for name in names:
+                batch[name].append(row[name])
+            size += 1
+            if size == _BATCH:
+                writer.write_table(table(batch))
+                count += size
+                batch, size = {name: [] for name in names}, 0
+        if size or not count:
+            writer.write_table(table(batch))
+            count += size
     return count
+
+
+def _timestamps(pa: Any, texts: list[Any], kind: Any) -> Any:
+    """ISO 8601 texts as a TIMESTAMP column: Arrow's own parser, or one by one where a record holds odd text."""
+    try:
+        return pa.array(texts, type=pa.string()).cast(kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([call_rows.instant(text) for text in texts], type=kind)
 
 
 __all__ = [

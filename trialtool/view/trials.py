@@ -21,6 +21,7 @@ tells its files apart (docs/graders.md).
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -81,9 +82,20 @@ def find(paths: Iterable[str]) -> Found:
             ignored.append(found.path)
             continue
         log = _log_of(found, logs, taken)
-        taken.add(os.path.realpath(log))
+        taken.add(_real(log))
         pairs.append((found.path, log))
     return Found(pairs, ignored)
+
+
+@functools.lru_cache(maxsize=4096)
+def _real_directory(directory: str) -> str:
+    return os.path.realpath(directory)
+
+
+def _real(path: str) -> str:
+    """`path` with its directory's links resolved (once a directory: a benchmark has thousands of files)."""
+    directory, name = os.path.split(path)
+    return os.path.join(_real_directory(directory or "."), name)
 
 
 def _inside(path: str, root: str) -> bool:
@@ -98,7 +110,7 @@ def _collect(path: str, states: dict[str, tuple[_State, list[str]]]) -> None:
             _directory(directory, files, states)
     elif path.endswith(".json"):
         directory = os.path.dirname(path) or "."
-        _directory(directory, os.listdir(directory), states, only=os.path.realpath(path))
+        _directory(directory, os.listdir(directory), states, only=_real(path))
 
 
 def _directory(
@@ -110,7 +122,7 @@ def _directory(
         if not name.endswith(".json"):
             continue
         path = os.path.join(directory, name)
-        real = os.path.realpath(path)
+        real = _real(path)
         if real in states or (only is not None and real != only):
             continue
         found = _read_state(path)
@@ -167,7 +179,7 @@ def _log_of(found: _State, logs: list[str], taken: set[str]) -> str:
     named_paths = (*stored, stem)
     empty = None
     for candidate in _unique([*named_paths, *logs]):
-        if os.path.realpath(candidate) in taken:
+        if _real(candidate) in taken:
             continue
         named = _first_id(candidate)
         if named == found.trial_id:
@@ -177,7 +189,7 @@ def _log_of(found: _State, logs: list[str], taken: set[str]) -> str:
     if empty is not None:
         return empty
     # No log names this trial: the one empty log beside it, or the stem (verify then says what is wrong).
-    spare = [log for log in logs if os.path.realpath(log) not in taken and _first_id(log) == ""]
+    spare = [log for log in logs if _real(log) not in taken and _first_id(log) == ""]
     return spare[0] if len(spare) == 1 else stem
 
 
