@@ -217,6 +217,7 @@ class Trial:
         merge_output: bool = False,
         read_only: Sequence[str | os.PathLike[str]] = (),
         caller_imports: Sequence[str] = (),
+        grading: bool = False,
     ) -> CallResult:
         """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
@@ -237,6 +238,10 @@ class Trial:
         the way to each held): files the harness itself runs or reads afterwards.
         `caller_imports` (the interpreter, prefixes and import path of the process the
         call is made for, with `environ`) are kept from the command like trial-tool's own.
+        `grading`: the harness's own command, run to grade the agent's work (a scorer's
+        test run) in the same sandbox and workspace: never refused, never charged, all
+        of its output delivered, and recorded as a grading record outside the agent's
+        counters (sequence 0 in the result).
         """
         argv = command_argv(command)
         stdin = checked_input(input)
@@ -257,6 +262,7 @@ class Trial:
                 environ,
                 [os.path.realpath(path) for path in read_only],
                 tuple(caller_imports),
+                grading,
                 cwd=cwd,
                 env=command_env,
                 umask=umask,
@@ -293,6 +299,7 @@ class Trial:
         environ: Mapping[str, str] | None,
         read_only: list[str],
         caller: tuple[str, ...],
+        grading: bool,
         **spawn: Any,
     ) -> tuple[Outcome, Reservation, float]:
         def cancelled() -> None:
@@ -333,14 +340,17 @@ class Trial:
         if environ is not None:
             # The caller's PATH, where a trial created now finds its sandbox (the per-user server's callers).
             overrides = {**overrides, "search_path": environ.get("PATH", "")}
-        reservation = self.ledger.reserve(
-            overrides,
-            argv,
-            preflight=preflight,
-            supervisor=launcher.pid,
-            cancelled=cancelled,
-            one_at_a_time=one_at_a_time,
-        )
+        if grading:
+            reservation = self.ledger.reserve_grading(overrides, argv, preflight=preflight)
+        else:
+            reservation = self.ledger.reserve(
+                overrides,
+                argv,
+                preflight=preflight,
+                supervisor=launcher.pid,
+                cancelled=cancelled,
+                one_at_a_time=one_at_a_time,
+            )
         if timeout is not None and timeout < reservation.run_seconds:
             reservation = reservation._replace(run_seconds=float(timeout), deadline_kind="request")
         started_wall = time.time()
@@ -395,7 +405,10 @@ class Trial:
         )
         record.update(fields)
         try:
-            self.ledger.commit(reservation, record)
+            if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)
+                self.ledger.commit_grading(reservation, record)
+            else:
+                self.ledger.commit(reservation, record)
         except TrialToolError:
             # The original failure is the one to report; the call stays charged and in
             # flight, and the next reservation records it as abandoned.
@@ -433,7 +446,10 @@ class Trial:
             withheld=withheld,
             call_fields=records.input_fields(stdin, merged),
         )
-        state = self.ledger.commit(reservation, record)
+        if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)
+            state = self.ledger.commit_grading(reservation, record)
+        else:
+            state = self.ledger.commit(reservation, record)
         return CallResult(
             sequence=reservation.sequence,
             status=status,

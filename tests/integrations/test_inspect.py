@@ -15,8 +15,10 @@ from inspect_ai import Task, eval
 from inspect_ai.dataset import Sample
 from inspect_ai.log import read_eval_log
 from inspect_ai.model import ModelOutput, get_model
+from inspect_ai.scorer import CORRECT, INCORRECT, Score, accuracy, scorer
 from inspect_ai.solver import generate, use_tools
 from inspect_ai.tool import bash, python
+from inspect_ai.util import sandbox
 
 from tests.conftest import strict_records
 from trialtool.integrations.inspectai import TrialSandboxConfig
@@ -183,3 +185,61 @@ def test_text_editor_runs_in_the_call_and_inspects_own_commands_are_not_charged(
     assert [r["status"] for r in records] == ["ok", "ok"]
     assert all(r["command"][1:] == ["exec"] for r in records)
     assert json.loads(Path(account["state"]).read_text())["calls"] == 2
+
+
+@scorer(metrics=[accuracy()])
+def runs_a_command() -> Any:
+    """A scorer that checks the agent's work by running a command in the sample's sandbox."""
+
+    async def score(state: Any, target: Any) -> Score:
+        result = await sandbox().exec(["sh", "-c", "cat id.txt && test -f made.txt"])
+        return Score(value=CORRECT if result.success else INCORRECT, explanation=result.stdout + result.stderr)
+
+    return score
+
+
+def test_a_scorer_after_the_budget_is_spent_grades_uncharged(tmp_path: Path) -> None:
+    """The agent spends every call; the scorer's command still runs, in the same workspace, recorded as
+    grading: never refused, never charged, never what ended the trial."""
+    plan = [("bash", {"command": "echo made > made.txt"}), ("bash", {"command": "echo two"})]
+    task = Task(
+        dataset=[Sample(id=f"s{n}", input="go", files={"id.txt": f"sample {n}"}) for n in (1, 2)],
+        solver=[use_tools(bash()), generate()],
+        scorer=runs_a_command(),
+        sandbox=("trialtool", {"limits": {"max_calls": 2}}),
+    )
+    model = get_model("mockllm/model", custom_outputs=scripted_by(plan))
+    [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none", max_samples=2)
+    assert log.status == "success", log.error
+    assert log.samples is not None
+    for sample in log.samples:
+        assert sample.scores is not None
+        [score] = sample.scores.values()
+        assert score.value == CORRECT, score.explanation
+        account = sample.metadata["trialtool"]
+        records = strict_records(Path(account["log"]))
+        assert [r["record_type"] for r in records] == ["trial_tool_call"] * 2 + ["trial_tool_grading"]
+        grading = records[-1]
+        assert grading["charged"] is False and grading["sequence"] is None and grading["status"] == "ok"
+        assert grading["ledger_after"] == records[1]["ledger_after"]  # the agent's counters, unchanged
+        stored = json.loads(Path(account["state"]).read_text())
+        assert stored["calls"] == 2 and stored["refused_calls"] == 0
+        assert verify(Path(account["state"]), Path(account["log"])).verdict == "clean"
+        status = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trialtool",
+                "status",
+                "--json",
+                "--state",
+                account["state"],
+                "--log",
+                account["log"],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        shown = json.loads(status.stdout)
+        assert shown["ended_by"] == "calls" and shown["statuses"] == {"ok": 2}

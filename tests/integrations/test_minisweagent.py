@@ -16,6 +16,7 @@ from minisweagent.environments import get_environment
 from minisweagent.models.test_models import DeterministicModel, make_output
 
 from tests.conftest import strict_records
+from trialtool.integrations.minisweagent import SUBMIT
 from trialtool.ledger.verify import verify
 
 AGENT = {"system_template": "You run commands.", "instance_template": "{{task}}", "step_limit": 10, "cost_limit": 0}
@@ -85,6 +86,30 @@ def test_observe_lets_the_model_read_the_refusal(tmp_path: Path) -> None:
     assert refused["extra"]["returncode"] == -1
     assert "[trial-tool: " in refused["content"] and "budget is spent" in refused["content"]
     assert [r["status"] for r in strict_records(tmp_path / "log.jsonl")] == ["ok", "maximum_tool_calls"]
+
+
+@pytest.mark.parametrize("on_exhausted", ["observe", "raise"])
+def test_the_agent_submits_after_its_budget_is_spent(tmp_path: Path, on_exhausted: str) -> None:
+    """mini's submission is a command too: refused like any other it could never end the run. With the
+    budget spent it runs as the harness's own, uncharged and recorded as grading, and the run ends Submitted."""
+    # Under "raise" a refusal ends the run: there the agent submits right after its last call.
+    more = ["echo more"] if on_exhausted == "observe" else []
+    commands = ["echo work", *more, f"echo {SUBMIT} && echo the patch"]
+    agent = agent_over(tmp_path, commands, limits={"max_calls": 1}, on_exhausted=on_exhausted)
+    agent.config.step_limit = 5
+    try:
+        outcome = agent.run("go")
+    finally:
+        agent.env.close()
+    assert outcome["exit_status"] == "Submitted" and outcome["submission"] == "the patch\n", outcome
+    log = tmp_path / "log.jsonl"
+    records = strict_records(log)
+    kinds = [(r["record_type"], r["status"], r["charged"]) for r in records]
+    expected = [("trial_tool_call", "ok", True)]
+    if on_exhausted == "observe":
+        expected.append(("trial_tool_call", "maximum_tool_calls", False))
+    assert kinds == [*expected, ("trial_tool_grading", "ok", False)]
+    assert verify(log.with_name("state.json"), log).verdict == "clean"
 
 
 def test_submission_and_a_timeout(tmp_path: Path) -> None:

@@ -152,3 +152,29 @@ def test_a_trial_whose_log_is_still_empty_claims_it_on_its_next_call(trial: Tria
         ("trial_tool_call", 2),
     ]
     assert verify(trial.state, trial.log).verdict == "clean"
+
+
+def test_grading_commands_are_never_refused_never_charged(tmp_path: Path) -> None:
+    """The harness's own commands (a scorer's) after the agent spent every call, token and second."""
+    from trialtool import BudgetExhausted, Trial
+
+    files = TrialFiles(tmp_path)
+    limits = {"sandbox": "none", "max_calls": 1, "max_call_tokens": 5}
+    with Trial(files.state, files.log, limits=limits) as trial:
+        assert trial.run(["echo", "the agent's"]).status == "ok"
+        with pytest.raises(BudgetExhausted):
+            trial.run(["echo", "refused"])
+        before = json.loads(files.state.read_text())
+        graded = trial.run(["sh", "-c", "seq 1 2000"], grading=True)
+        assert graded.status == "ok" and graded.stdout.endswith("2000\n")  # all of it: not the agent's allowance
+        assert graded.sequence == 0 and not graded.output_truncated
+    after = json.loads(files.state.read_text())
+    counters = ("calls", "emitted_tokens", "refused_calls", "in_flight")
+    assert {name: after[name] for name in counters} == {name: before[name] for name in counters}
+    record = strict_records(files.log)[-1]
+    assert (record["record_type"], record["charged"], record["sequence"]) == ("trial_tool_grading", False, None)
+    assert verify(files.state, files.log).verdict == "clean"
+    done = files.cli("status", "--json", "--state", str(files.state), "--log", str(files.log))
+    shown = json.loads(done.stdout)
+    assert shown["grading_commands"] == 1 and shown["ended_by"] == "calls"
+    assert shown["statuses"] == {"ok": 1, "maximum_tool_calls": 1}

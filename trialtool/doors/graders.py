@@ -60,6 +60,7 @@ def _status_document(summary: dict[str, Any]) -> dict[str, Any]:
         "refused_calls": summary["refused_calls"],
         "ended_by": summary["ended_by"],
         "statuses": summary["statuses"],
+        "grading_commands": summary.get("grading_commands", 0),
         "records": summary["records"],
         "chain": "hmac-sha256" if summary["keyed"] else "sha256",
         "head": summary["head"],

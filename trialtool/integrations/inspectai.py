@@ -41,13 +41,16 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal, overload
 
+from inspect_ai.event._span import SpanBeginEvent
 from inspect_ai.log._samples import sample_active
+from inspect_ai.log._transcript import transcript
 from inspect_ai.solver._task_state import sample_state
 from inspect_ai.util import ExecResult, SandboxEnvironment, SandboxEnvironmentConfigType, sandboxenv, subprocess
 from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 from inspect_ai.util._sandbox._privileged import IMAGE_PATH_VARIABLE, SHELL_PATH
 from inspect_ai.util._sandbox.environment import RootAccess, SandboxUserUnsupportedError
 from inspect_ai.util._sandbox.limits import verify_read_file_size
+from inspect_ai.util._span import SCORER_SPAN_TYPE, current_span_id
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import budget
@@ -183,6 +186,8 @@ class TrialSandboxEnvironment(SandboxEnvironment):
                 env=env,
                 timeout=timeout,
                 merge_output=self.settings.merge_output,
+                # A scorer's command grades the agent's work: never refused, never charged (_scoring).
+                grading=_scoring(),
             )
         except TrialToolError as exc:
             if isinstance(exc, BudgetExhausted):
@@ -231,6 +236,36 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         state = sample_state()
         if state is not None:
             state.metadata[METADATA_KEY] = dict(self.account)
+
+
+def _scoring() -> bool:
+    """Whether this exec is a scorer's: made inside the span inspect opens around each scorer.
+
+    inspect runs each scorer of a sample (and `inspect score` each one after the fact)
+    in a span of type "scorer", inside one named "scorers"; an exec made there is
+    stamped with that span, or one under it. The phase is read from inspect's own
+    transcript, never from a flag a task could set or forget. Where the transcript
+    cannot say (its history given up), the exec is the agent's, as it was.
+    """
+    span = current_span_id()
+    if span is None:
+        return False
+    try:
+        events = transcript().events
+    except Exception:
+        return False
+    parents: dict[str, tuple[str | None, str | None, str]] = {}
+    for event in events:
+        if isinstance(event, SpanBeginEvent):
+            parents[event.id] = (event.parent_id, event.type, event.name)
+    seen: set[str] = set()
+    while span is not None and span in parents and span not in seen:
+        seen.add(span)
+        parent, kind, name = parents[span]
+        if kind == SCORER_SPAN_TYPE or name == "scorers":
+            return True
+        span = parent
+    return False
 
 
 def framework_directory_script() -> str:

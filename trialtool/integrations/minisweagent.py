@@ -72,15 +72,17 @@ class TrialEnvironment(LocalEnvironment):
         command = action.get("command", "")
         cwd = cwd or self.config.cwd or os.getcwd()
         timeout = timeout or self.config.timeout
+        options = {"cwd": cwd, "env": self.config.env, "timeout": float(timeout) if timeout else None}
+        submits = _submits(command)
         try:
-            result = self.trial.run(
-                command,
-                cwd=cwd,
-                env=self.config.env,
-                timeout=float(timeout) if timeout else None,
-                merge_output=self.config.merge_output,
-            )
+            # The agent's spent budget does not take away its submission: it runs as the harness's
+            # own (recorded as grading, uncharged), and its output ends the run as `Submitted`.
+            grading = submits and self.trial.budget().exhausted
+            result = self.trial.run(command, merge_output=self.config.merge_output, grading=grading, **options)
         except BudgetExhausted as exc:
+            if submits:  # spent meanwhile (another process of the trial): submitted all the same
+                result = self.trial.run(command, merge_output=self.config.merge_output, grading=True, **options)
+                return self._observed(result)
             if self.config.on_exhausted == "raise":
                 kind = TimeExceeded if exc.status == "task_timeout_seconds" else LimitsExceeded
                 status = kind.__name__
@@ -89,6 +91,10 @@ class TrialEnvironment(LocalEnvironment):
             return self._not_run(exc)
         except TrialToolError as exc:
             return self._not_run(exc)
+        return self._observed(result)
+
+    def _observed(self, result: Any) -> dict[str, Any]:
+        """mini's observation of a call that ran (checked for mini's submission, which ends the run)."""
         observation = {
             "output": agentview.joined(agentview.output_blocks(result)),
             "returncode": result.exit_code,
@@ -137,6 +143,20 @@ class TrialEnvironment(LocalEnvironment):
 _STOPPED = frozenset(
     {"timeout", "output_limit", "memory_limit", "cpu_limit", "file_size_limit", "process_limit", "interrupted"}
 )
+
+
+#: The line mini's agent prints to submit (mini's LocalEnvironment checks output for it).
+SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+
+def _submits(command: Any) -> bool:
+    """Whether `command` is mini's submission: it begins by printing mini's submission line.
+
+    What follows that `echo` (mini's prompts add `git diff` to show the work) runs too,
+    uncharged, once: the run ends with it, and its record is there for graders to read.
+    """
+    text = command if isinstance(command, str) else ""
+    return text.lstrip().startswith((f"echo {SUBMIT}", f"echo '{SUBMIT}'", f'echo "{SUBMIT}"'))
 
 
 def _account(result: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,10 @@ from .store import Store
 StopLeftovers = Callable[[int, "str | None"], int]
 
 
+#: Tokens a grading command may deliver: all it printed (the harness reads it, not the agent).
+GRADING_ALLOWANCE = 1 << 40
+
+
 class Reservation(NamedTuple):
     """A charged call, ready to run."""
 
@@ -92,7 +96,8 @@ class Ledger:
 
     def abandon(self, sequence: int) -> None:
         """Give up on a reserved call; the next reservation records it as abandoned."""
-        self._abandoned.add(sequence)
+        if sequence:  # 0: a grading command, never in flight
+            self._abandoned.add(sequence)
 
     @property
     def owner(self) -> tuple[int, str | None]:
@@ -163,14 +168,7 @@ class Ledger:
         pause = 0.005
         while True:
             with self._lock(cancelled):
-                new = not os.path.lexists(self.state_path)
-                state = self.store.open(overrides, create=True)
-                # The log must take this call's record: found out now, not after the command ran.
-                fsio.preflight_append(self.log_path)
-                if preflight is not None:
-                    preflight(state)
-                self._claim(state, new)
-                self._recover(state)
+                state = self._ready(overrides, preflight)
                 if self._wait_for_others(state, one_at_a_time, serial):
                     if cancelled is not None:
                         cancelled()
@@ -198,6 +196,19 @@ class Ledger:
                         return self._charge(state, command, min(limits.max_call_tokens, unreserved), supervisor)
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
+
+    def _ready(self, overrides: dict[str, Any], preflight: Callable[[TrialState], None] | None) -> TrialState:
+        """Under the lock, before a command: the trial opened (made, mended), checked, its log claimed,
+        and calls whose trial-tool died recovered."""
+        new = not os.path.lexists(self.state_path)
+        state = self.store.open(overrides, create=True)
+        # The log must take this call's record: found out now, not after the command ran.
+        fsio.preflight_append(self.log_path)
+        if preflight is not None:
+            preflight(state)
+        self._claim(state, new)
+        self._recover(state)
+        return state
 
     def _claim(self, state: TrialState, new: bool) -> None:
         """A trial whose log has no line yet claims it (store.claim), its state written first.
@@ -293,6 +304,50 @@ class Ledger:
             started_at=now,
         )
 
+    def reserve_grading(
+        self, overrides: dict[str, Any], command: list[str], preflight: Callable[[TrialState], None] | None = None
+    ) -> Reservation:
+        """Ready a command the harness runs to grade the agent's work: never refused, never charged.
+
+        The trial is opened (and mended) as for a call, and room for the record taken
+        in the log; nothing is counted. Its deadline is the trial's call timeout: the
+        trial's own time limit is the agent's, not the grader's. Its `sequence` is 0.
+        """
+        self.directories()
+        with self._lock():
+            state = self._ready(overrides, preflight)
+            limits = state.limits
+            bound = records.size_bound(limits.max_capture_bytes, command)
+            fsio.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
+            return Reservation(
+                trial_id=state.trial_id,
+                sequence=0,
+                allowance=GRADING_ALLOWANCE,
+                run_seconds=limits.call_timeout,
+                deadline_kind="call",
+                limits=limits,
+                trial_elapsed=state.elapsed(),
+                started_at=time.time(),
+            )
+
+    def commit_grading(self, reservation: Reservation, record: dict[str, Any]) -> TrialState:
+        """Log a grading command's record (records.grading); the agent's counters do not change."""
+        with self._lock():
+            state = self.store.open({}, create=False)
+            if state.trial_id != reservation.trial_id:
+                msg = f"state {self.state_path} was replaced by another trial during the call"
+                raise StateError(msg)
+            state.elapsed_seconds = state.elapsed()
+            record["wall_elapsed_seconds"] = state.elapsed_seconds
+            self.store.append(state, records.grading(record))
+            if not state.in_flight:
+                fsio.release_tail(self.log_path)
+            try:
+                self.store.write(state)
+            except StorageError:
+                pass  # the record is durable; the next open rolls the state forward (commit's rule)
+        return state
+
     def commit(self, reservation: Reservation, record: dict[str, Any]) -> TrialState:
         """Log the call's record and charge its delivered tokens; return the new state."""
         delivered = int(record["delivered_emitted_tokens"])
@@ -364,4 +419,4 @@ def _refusal(state: TrialState, elapsed: float) -> tuple[str, str] | None:
     return None
 
 
-__all__ = ["DEFAULT_LOCK_TIMEOUT", "Ledger", "Reservation", "StopLeftovers"]
+__all__ = ["DEFAULT_LOCK_TIMEOUT", "GRADING_ALLOWANCE", "Ledger", "Reservation", "StopLeftovers"]

@@ -27,6 +27,9 @@ RECORD_TYPE = "trial_tool_call"
 REPAIR = "trial_tool_repair"
 #: Record type of a trial's first line (`start`).
 START = "trial_tool_trial"
+#: Record type of a command the harness ran to grade the agent's work (`grading`): never
+#: refused, never charged, outside the agent's counters.
+GRADING = "trial_tool_grading"
 RECORD_VERSION = 1
 
 #: Statuses of calls refused before running.
@@ -51,7 +54,7 @@ def whole(value: Any) -> int:
 
 def apply(totals: Totals, record: dict[str, Any]) -> Totals | None:
     """The totals after `record`; None for a record of no kind the ledger writes."""
-    if record.get("record_type") in (REPAIR, START):
+    if record.get("record_type") in (REPAIR, START, GRADING):
         return totals
     if record.get("status") in REFUSED:
         return totals._replace(refused_calls=totals.refused_calls + 1)
@@ -249,6 +252,12 @@ def start(
     }
 
 
+def grading(record: dict[str, Any]) -> dict[str, Any]:
+    """A call's record made a grading record: the harness's command, not the agent's; uncharged."""
+    record.update(record_type=GRADING, sequence=None, charged=False, allowance_tokens=None)
+    return record
+
+
 def call(*, trial_id: str, sequence: int, command: list[str], status: str, **fields: Any) -> dict[str, Any]:
     """A call that ran (or tried to: not found, not executable); `fields` are the rest."""
     record = _base(trial_id, sequence, command, status)
@@ -258,6 +267,7 @@ def call(*, trial_id: str, sequence: int, command: list[str], status: str, **fie
 
 
 __all__ = [
+    "GRADING",
     "RECORD_TYPE",
     "RECORD_VERSION",
     "REFUSED",
@@ -268,6 +278,7 @@ __all__ = [
     "apply",
     "call",
     "command_fields",
+    "grading",
     "input_fields",
     "refusal",
     "repair",

@@ -54,7 +54,7 @@ class Store:
         """Append `record`, bound to this trial and stating the totals of `state` (already updated for it)."""
         record["trial_id"] = state.trial_id
         record["record"] = state.log.records + 1
-        if record.get("record_type") == records.RECORD_TYPE:
+        if record.get("record_type") in (records.RECORD_TYPE, records.GRADING):
             record["sandbox"] = state.sandbox.mode
         record["ledger_after"] = state.totals().as_json()
         state.log = audit.append(self.log_path, record, state.log, self.chain, claim=claim)

@@ -88,6 +88,11 @@ def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
         f"time      {left['seconds_used']:.1f} s of {limits.get('trial_timeout')} s used, {left['seconds']:.1f} s left",
         f"refused   {summary['refused_calls']}" + (f" (ended by {summary['ended_by']})" if summary["ended_by"] else ""),
         f"outcomes  {_statuses(summary['statuses']) or 'no calls yet'}",
+        *(
+            [f"grading   {summary['grading_commands']} commands of the harness (uncharged)"]
+            if summary.get("grading_commands")
+            else []
+        ),
         f"sandbox   {summary['sandbox']['mode']} (network {summary['sandbox']['network']})"
         + (f"; auto found no sandbox: {fallback}" if (fallback := summary.get("sandbox_fallback")) else ""),
         f"log       {summary['records']} records, {'HMAC-SHA256 (keyed)' if summary['keyed'] else 'SHA-256'} chain",
@@ -122,15 +127,16 @@ def calls_table(records: list[dict[str, Any]], started_at: str | None, width: in
             exit_code = f"{exit_code} ({command_code})"
         tokens = record.get("delivered_emitted_tokens")
         allowance = record.get("allowance_tokens")
+        graded = record.get("record_type") == "trial_tool_grading"
         rows.append(
             (
                 visible(record.get("record", "-")),
-                visible(record.get("sequence", "-")),
+                "grading" if graded else visible(record.get("sequence", "-")),
                 offset,
                 f"{ran:.2f}" if isinstance(ran, (int, float)) else "-",
                 visible(record.get("status") or record.get("record_type")),
                 "-" if exit_code is None else visible(exit_code),
-                "-" if tokens is None else visible(f"{tokens}/{allowance}"),
+                "-" if tokens is None else visible(f"{tokens}" if graded else f"{tokens}/{allowance}"),
                 "yes" if record.get("output_truncated") else "",
                 visible(command_text(record)) if record.get("record_type") != "trial_tool_repair" else "(log repaired)",
             )

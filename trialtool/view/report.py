@@ -115,7 +115,8 @@ def _call_entry(record: dict[str, Any]) -> dict[str, Any]:
     return {
         "record": record.get("record"),
         "sequence": record.get("sequence"),
-        "status": record.get("status") or record.get("record_type"),
+        "status": ("grading: " if record.get("record_type") == "trial_tool_grading" else "")
+        + str(record.get("status") or record.get("record_type")),
         "end": wall if isinstance(wall, (int, float)) else None,
         "duration": ran if isinstance(ran, (int, float)) else 0.0,
         "exit": record.get("command_exit_code"),

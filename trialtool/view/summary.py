@@ -16,7 +16,7 @@ from typing import Any
 from .. import budget
 from ..errors import StateError, TrialToolError
 from ..ledger import audit, liveness, snapshot
-from ..ledger.records import REFUSED, REPAIR, START, whole
+from ..ledger.records import GRADING, REFUSED, REPAIR, START, whole
 from ..ledger.state import TrialState, decode
 from ..ledger.verify import Report, check
 from ..limits import LATER_FIELDS, Limits
@@ -127,9 +127,13 @@ def summarize_snapshot(
     tokenizers = set()
     first_at = last_at = None
     start: dict[str, Any] = {}
+    grading = 0
     for record in records:
         if record.get("record_type") == START:
             start = record
+            continue
+        if record.get("record_type") == GRADING:
+            grading += 1  # the harness's commands: not the agent's calls, outcomes or end
             continue
         if record.get("record_type") == REPAIR:
             statuses["log_repaired"] += 1
@@ -179,6 +183,7 @@ def summarize_snapshot(
         "in_flight": len(mapping(raw.get("in_flight"))),
         "ended_by": ended_by,
         "statuses": dict(sorted(statuses.items())),
+        "grading_commands": grading,
         "records": len(records),
         "head": log_head.get("head"),
         # The digest of the log's last whole line (the state's `head` may be one record behind it);
@@ -213,6 +218,7 @@ def unreadable(state_path: str, log_path: str, why: str) -> dict[str, Any]:
         "in_flight": 0,
         "ended_by": None,
         "statuses": {},
+        "grading_commands": 0,
         "records": 0,
         "head": None,
         "integrity": {"verdict": "failed", "why": why},
