@@ -12,7 +12,7 @@ import hashlib
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import clipping, tokens
+from . import clipping, replies, tokens
 from .ledger import clock, records
 
 if TYPE_CHECKING:
@@ -58,12 +58,14 @@ def deliver(
     *,
     withheld: bool = False,
     call_fields: dict[str, Any] | None = None,
+    reply: str = "text",
 ) -> Delivery:
     """Clip the outcome's streams (and trial-tool's notice) to the allowance; the record of it all.
 
     `withheld`: the caller gave up on the call, so nothing is delivered and no
     token charged; what the command printed is still counted (`observed_*`).
     `call_fields` are what the call was given besides its command (records.input_fields).
+    `reply` "json-rpc": stdout is a program's reply, clipped inside (replies.py).
     """
     status, exit_code, notice = verdict
     limits = reservation.limits
@@ -78,7 +80,10 @@ def deliver(
         # a command's own invalid bytes with U+FFFD and dropping half a character our cap cut off.
         stdout = clipping.Captured(outcome.stdout, stdout_cut)
         stderr = clipping.Captured(outcome.stderr, stderr_cut)
-        out, err = clipping.deliver(encoder, stdout, stderr, reservation.allowance, limits.clip, notice)
+        pair = None
+        if reply == "json-rpc":
+            pair = replies.deliver_json_rpc(encoder, stdout, stderr, reservation.allowance, limits.clip, notice)
+        out, err = pair or clipping.deliver(encoder, stdout, stderr, reservation.allowance, limits.clip, notice)
     else:
         # Nothing printed: nothing to count, and the encoder is never built.
         out = err = clipping.StreamDelivery("", 0, 0, False)
@@ -144,6 +149,8 @@ def deliver(
     )
     if withheld:
         record["withheld"] = True
+    if reply != "text":
+        record["reply"] = reply
     return Delivery(out, err, status, record)
 
 

@@ -32,6 +32,7 @@ from .process import sandbox as seam
 from .process.forkserver import ForkServer
 from .process.launcher import Launcher
 from .process.outcome import Outcome
+from .replies import REPLIES
 from .sandbox import Pin, Sandbox
 
 Command = list[str] | tuple[str, ...] | str
@@ -218,6 +219,7 @@ class Trial:
         read_only: Sequence[str | os.PathLike[str]] = (),
         caller_imports: Sequence[str] = (),
         grading: bool = False,
+        reply: str = "text",
     ) -> CallResult:
         """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
@@ -241,10 +243,14 @@ class Trial:
         `grading`: the harness's own command, run to grade the agent's work (a scorer's
         test run) in the same sandbox and workspace: never refused, never charged, all
         of its output delivered, and recorded as a grading record outside the agent's
-        counters (sequence 0 in the result).
+        counters (sequence 0 in the result). `reply` "json-rpc": the command answers a
+        program (a harness's tool) with one JSON-RPC response; the text inside it is
+        clipped and charged, and the envelope stays valid JSON (replies.py).
         """
         argv = command_argv(command)
         stdin = checked_input(input)
+        if reply not in REPLIES:
+            raise UsageError(f"reply must be one of {', '.join(REPLIES)}, not {reply!r}")
         with self._guard:
             ready, self._ready = self._ready, None
         # The fork server's supervisors do not share our working directory: a call through
@@ -271,7 +277,7 @@ class Trial:
                 merge_output=bool(merge_output),
             )
         try:
-            return self._finish(reservation, argv, outcome, started_wall, interrupt, stdin, bool(merge_output))
+            return self._finish(reservation, argv, outcome, started_wall, interrupt, stdin, bool(merge_output), reply)
         except BaseException:
             # Not committed (a disk error, say): the call stays charged, and the next
             # reservation, in this process or another, records it as abandoned.
@@ -423,6 +429,7 @@ class Trial:
         interrupt: Interrupt | None,
         stdin: bytes | None,
         merged: bool,
+        reply: str = "text",
     ) -> CallResult:
         judged = verdict.judge(
             outcome,
@@ -445,6 +452,7 @@ class Trial:
             started_wall,
             withheld=withheld,
             call_fields=records.input_fields(stdin, merged),
+            reply=reply,
         )
         if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)
             state = self.ledger.commit_grading(reservation, record)

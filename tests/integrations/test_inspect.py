@@ -243,3 +243,62 @@ def test_a_scorer_after_the_budget_is_spent_grades_uncharged(tmp_path: Path) -> 
         )
         shown = json.loads(status.stdout)
         assert shown["ended_by"] == "calls" and shown["statuses"] == {"ok": 2}
+
+
+def test_text_editor_views_a_file_far_over_the_allowance(tmp_path: Path) -> None:
+    """The reply is JSON the tool parses: the text inside it is clipped to the allowance, the envelope
+    kept; the model reads a clipped view and the sample goes on."""
+    from inspect_ai.tool import text_editor
+
+    big = "".join(f"line {n} of a long file\n" for n in range(1, 2001))  # over 20 000 tokens: 50 allowances
+    plan = [("text_editor", {"command": "view", "path": "big.txt"}), ("bash", {"command": "echo after"})]
+    task = Task(
+        dataset=[Sample(id="view", input="go", files={"big.txt": big})],
+        solver=[use_tools(text_editor(), bash()), generate()],
+        sandbox=("trialtool", TrialSandboxConfig(limits={"max_call_tokens": 400})),
+    )
+    model = get_model("mockllm/model", custom_outputs=scripted_by(plan))
+    [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none")
+    assert log.status == "success", log.error
+    [sample] = log.samples
+    viewed, after = [message.text for message in sample.messages if message.role == "tool"]
+    assert "line 1 of a long file" in viewed and "line 1000 of a long file" not in viewed  # the middle cut
+    assert "tokens" in viewed and viewed.rstrip().endswith("</NOTE>")  # said inside; the tool's tail kept
+    assert after.strip().endswith("after")
+    account = sample.metadata["trialtool"]
+    records = strict_records(Path(account["log"]))
+    assert records[0]["reply"] == "json-rpc" and records[0]["output_truncated"] is True
+    assert records[0]["delivered_emitted_tokens"] <= 400 and records[0]["observed_emitted_tokens"] > 10 * 400
+    shown = subprocess.run(
+        [sys.executable, "-m", "trialtool", "show", "--json", "--call", "1"]
+        + ["--state", account["state"], "--log", account["log"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert json.loads(shown.stdout)["delivered"]["matches"] is True  # show reproduces the reply
+
+
+def test_a_text_editor_call_over_its_deadline_lets_the_eval_go_on(tmp_path: Path) -> None:
+    """Stopped at its deadline, the tool's exec raises what inspect expects (TimeoutError): the model is
+    told, every sample is scored, the eval succeeds; the call is recorded and charged as stopped."""
+    from inspect_ai.tool import text_editor
+
+    plan = [("text_editor", {"command": "view", "path": "id.txt"})]
+    task = Task(
+        dataset=[Sample(id=f"s{n}", input="go", files={"id.txt": f"sample {n}"}) for n in (1, 2)],
+        solver=[use_tools(text_editor()), generate()],
+        scorer=runs_a_command(),
+        # A millisecond: the tools' program cannot even start in it.
+        sandbox=("trialtool", TrialSandboxConfig(limits={"call_timeout": 0.001})),
+    )
+    model = get_model("mockllm/model", custom_outputs=scripted_by(plan))
+    [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none", max_samples=2)
+    assert log.status == "success", log.error
+    assert log.samples is not None and len(log.samples) == 2
+    for sample in log.samples:
+        assert sample.scores is not None and sample.error is None
+        [told] = [message for message in sample.messages if message.role == "tool"]
+        assert told.error is not None and told.error.type == "timeout", told
+        records = strict_records(Path(sample.metadata["trialtool"]["log"]))
+        assert records[0]["status"] == "timeout" and records[0]["charged"] is True

@@ -178,6 +178,9 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             # inspect's own command, on its own behalf (a sample's setup, installing its
             # sandbox tools): the harness's, like read_file and write_file.
             return await subprocess(cmd, input=input, cwd=directory, env=env, timeout=timeout)
+        # inspect's own tools (text_editor) send a JSON-RPC request and parse the reply: the
+        # text inside it is what the model reads, clipped there, the envelope kept (replies.py).
+        tool = cmd[:1] == [SANDBOX_CLI]
         try:
             result = await self.trial.arun(
                 list(cmd),
@@ -185,9 +188,10 @@ class TrialSandboxEnvironment(SandboxEnvironment):
                 cwd=str(directory),
                 env=env,
                 timeout=timeout,
-                merge_output=self.settings.merge_output,
+                merge_output=self.settings.merge_output and not tool,
                 # A scorer's command grades the agent's work: never refused, never charged (_scoring).
                 grading=_scoring(),
+                reply="json-rpc" if tool else "text",
             )
         except TrialToolError as exc:
             if isinstance(exc, BudgetExhausted):
@@ -197,6 +201,12 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         self.account["budget"] = result.budget.as_json()
         self.account["head"] = result.head
         self._publish()
+        if tool and result.status == "timeout":
+            # What inspect expects of a sandbox at a deadline: its tool tells the model, the eval goes on.
+            # The call is recorded and charged as any call stopped at its deadline.
+            raise TimeoutError(
+                f"the tool's call was stopped at its deadline ({result.record.get('deadline_seconds')} s)"
+            )
         return ExecResult(result.exit_code == 0, result.exit_code, result.stdout, result.stderr)
 
     async def _account_from_state(self) -> None:

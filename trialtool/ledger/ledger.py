@@ -29,16 +29,13 @@ from ..osio import plain, require_directory
 from ..sandbox import Available
 from . import audit, clock, fsio, liveness, records
 from .locking import DEFAULT_LOCK_TIMEOUT, LedgerLock
+from .records import GRADING_ALLOWANCE
 from .state import InFlight, TrialState
 from .store import Store
 
 #: Stops what an abandoned call left running, given its supervisor's pid and liveness
 #: token; returns how many processes it killed. The process room provides it.
 StopLeftovers = Callable[[int, "str | None"], int]
-
-
-#: Tokens a grading command may deliver: all it printed (the harness reads it, not the agent).
-GRADING_ALLOWANCE = 1 << 40
 
 
 class Reservation(NamedTuple):

@@ -32,6 +32,9 @@ START = "trial_tool_trial"
 GRADING = "trial_tool_grading"
 RECORD_VERSION = 1
 
+#: Tokens a grading command may deliver: all it printed (the harness reads it, not the agent).
+GRADING_ALLOWANCE = 1 << 40
+
 #: Statuses of calls refused before running.
 REFUSED = ("maximum_tool_calls", "maximum_emitted_tokens", "task_timeout_seconds")
 
@@ -268,6 +271,7 @@ def call(*, trial_id: str, sequence: int, command: list[str], status: str, **fie
 
 __all__ = [
     "GRADING",
+    "GRADING_ALLOWANCE",
     "RECORD_TYPE",
     "RECORD_VERSION",
     "REFUSED",

@@ -16,7 +16,8 @@ import json
 import shlex
 from typing import Any, NamedTuple
 
-from .. import clipping, tokens
+from .. import clipping, replies, tokens
+from ..ledger.records import GRADING_ALLOWANCE
 
 #: The columns of one call's row, in order, with their kinds (export's schema; docs/graders.md): every
 #: field a record has but the captured bytes (in the log; `export --text` adds the text delivered).
@@ -76,6 +77,7 @@ SCHEMA = (
     ("stdin_bytes", "int"),
     ("stdin_sha256", "text"),
     ("merged_output", "bool"),
+    ("reply", "text"),
     ("command", "text"),
     ("command_b64", "json"),
     ("removed_bytes", "int"),
@@ -213,12 +215,18 @@ class Replayer:
         if _matches(plain_out, plain_err, wanted):
             return Delivered(plain_out, plain_err, True)
         allowance = record.get("allowance_tokens")
+        if record.get("record_type") == "trial_tool_grading":
+            allowance = GRADING_ALLOWANCE  # all of it was delivered (to the harness)
         if not isinstance(allowance, int) or allowance < 1:
             return Delivered(plain_out, plain_err, False)
         stdout = clipping.Captured(out, bool(record.get("stdout_capture_truncated")))
         stderr = clipping.Captured(err, bool(record.get("stderr_capture_truncated")))
         mode = str(record.get("clip") or "headtail")
-        text_out, text_err = clipping.deliver(self._get_encoder(), stdout, stderr, allowance, mode, str(notice))
+        encoder = self._get_encoder()
+        pair = None
+        if record.get("reply") == "json-rpc":
+            pair = replies.deliver_json_rpc(encoder, stdout, stderr, allowance, mode, str(notice))
+        text_out, text_err = pair or clipping.deliver(encoder, stdout, stderr, allowance, mode, str(notice))
         return Delivered(text_out.text, text_err.text, _matches(text_out.text, text_err.text, wanted))
 
 
