@@ -269,9 +269,9 @@ def test_text_editor_views_a_file_far_over_the_allowance(tmp_path: Path) -> None
     records = strict_records(Path(account["log"]))
     assert records[0]["reply"] == "json-rpc" and records[0]["output_truncated"] is True
     assert records[0]["delivered_emitted_tokens"] <= 400 and records[0]["observed_emitted_tokens"] > 10 * 400
+    files = ["--state", account["state"], "--log", account["log"]]
     shown = subprocess.run(
-        [sys.executable, "-m", "trialtool", "show", "--json", "--call", "1"]
-        + ["--state", account["state"], "--log", account["log"]],
+        [sys.executable, "-m", "trialtool", "show", "--json", "--call", "1", *files],
         capture_output=True,
         text=True,
         timeout=60,
