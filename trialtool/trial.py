@@ -21,7 +21,7 @@ from . import budget, tokens, verdict
 from .budget import Budget
 from .callresult import CallResult, Interrupt, checked_input, checked_request, command_argv
 from .delivery import deliver
-from .errors import Interrupted, StateError, StorageError, TrialToolError, UsageError
+from .errors import EXIT_NOT_FOUND, Interrupted, StateError, StorageError, TrialToolError, UsageError
 from .ledger import clock, fsio, liveness, records
 from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .ledger.state import TrialState
@@ -260,7 +260,7 @@ class Trial:
         self.ledger.directories()
         # The supervisor is forked first and gets ready while the call is reserved.
         with nullcontext(ready) if ready is not None else Launcher(self.ledger.directory, self._server()) as launcher:
-            outcome, reservation, started_wall = self._reserve_and_run(
+            outcome, reservation, started_wall, sandboxed = self._reserve_and_run(
                 argv,
                 timeout,
                 interrupt,
@@ -277,7 +277,9 @@ class Trial:
                 merge_output=bool(merge_output),
             )
         try:
-            return self._finish(reservation, argv, outcome, started_wall, interrupt, stdin, bool(merge_output), reply)
+            return self._finish(
+                reservation, argv, outcome, started_wall, interrupt, stdin, bool(merge_output), reply, sandboxed
+            )
         except BaseException:
             # Not committed (a disk error, say): the call stays charged, and the next
             # reservation, in this process or another, records it as abandoned.
@@ -307,7 +309,7 @@ class Trial:
         caller: tuple[str, ...],
         grading: bool,
         **spawn: Any,
-    ) -> tuple[Outcome, Reservation, float]:
+    ) -> tuple[Outcome, Reservation, float, bool]:
         def cancelled() -> None:
             if interrupt is not None and interrupt.signum is not None:
                 msg = f"{interrupt.reason} before the call started; nothing ran and nothing is charged"
@@ -389,7 +391,7 @@ class Trial:
             # (this process lives on, so nothing else would).
             self.ledger.abandon(reservation.sequence)
             raise
-        return outcome, reservation, started_wall
+        return outcome, reservation, started_wall, bool(sandboxed)
 
     def _commit_failure(
         self,
@@ -430,6 +432,7 @@ class Trial:
         stdin: bytes | None,
         merged: bool,
         reply: str = "text",
+        sandboxed: bool = False,
     ) -> CallResult:
         judged = verdict.judge(
             outcome,
@@ -439,6 +442,10 @@ class Trial:
             deadline_kind=reservation.deadline_kind,
             interrupt=interrupt,
         )
+        if sandboxed and judged[1] == EXIT_NOT_FOUND:
+            # Not found in the sandbox, but there on the host, where the sandbox shows something else.
+            hint = verdict.hidden_path_notice(argv, outcome.stderr, os.path.exists)
+            judged = (judged[0], judged[1], judged[2] + hint)
         assert self._rank_path is not None  # set by the reservation's preflight
         # A caller that gave up on the call (a cancelled task or request) receives nothing: nothing is charged.
         # An interrupt of the caller's own making, without `delivers`, is taken to deliver.

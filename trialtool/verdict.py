@@ -6,7 +6,9 @@ lists its cases as a table.
 
 from __future__ import annotations
 
+import re
 import signal
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_TIMEOUT
@@ -94,4 +96,28 @@ def _exited(outcome: Outcome, limits: Limits, capture_cut: bool) -> tuple[str, i
     return ("ok" if code == 0 else "error"), code, ""
 
 
-__all__ = ["judge"]
+#: Where a path on the host is not what a sandboxed command sees there: the sandbox has /tmp of its own.
+_OWN_IN_SANDBOX = ("/tmp/", "/var/tmp/", "/dev/shm/")
+_PATHS = re.compile(r"(?:/tmp|/var/tmp|/dev/shm)/[^\s:'\"`]+")
+
+
+def hidden_path_notice(argv: list[str], stderr: bytes, exists: Callable[[str], bool]) -> str:
+    """A sandboxed command not found (127): a line naming the host path it ran into that the sandbox hides.
+
+    The program named (or a path the shell's own complaint names) lies in the host's
+    /tmp, /var/tmp or /dev/shm, which the sandbox replaces with its own; `exists` says
+    it is there on the host. "" when nothing explains it so.
+    """
+    named = [argv[0]] if argv and argv[0].startswith(_OWN_IN_SANDBOX) else []
+    named += _PATHS.findall(stderr[-4096:].decode("utf-8", "replace"))
+    for path in named:
+        if exists(path):
+            where = next(root.rstrip("/") for root in _OWN_IN_SANDBOX if path.startswith(root))
+            return (
+                f"[trial-tool: {shown(path)} is on the host's {where}, which the sandbox does not show (it has a "
+                f"{where} of its own): keep it in the workspace, or name its directory with --writable]\n"
+            )
+    return ""
+
+
+__all__ = ["hidden_path_notice", "judge"]
