@@ -63,7 +63,7 @@ class Trial:
     too (docs/sandbox.md); `hidden_files` names files besides the trial's own
     that its sandboxed commands must not reach, such as the file the key came from.
     `labels` say who the trial is (task, sample, epoch, model): pinned at creation
-    like the limits, and shown by every graders' command (labels.py).
+    like the limits, and shown by every graders' command (ledger/labels.py).
 
     `run` may be called from several threads at once (and `arun` from several
     asyncio tasks): each call is reserved, run and committed on its own. The

@@ -40,7 +40,7 @@ def test_status_json_has_the_documented_shape(files: TrialFiles) -> None:
     shown = json.loads(done.stdout)
     assert set(shown) == {
         "trial_id", "labels", "state", "log", "limits", "sandbox", "used", "left", "in_flight", "refused_calls",
-        "ended_by", "statuses", "records", "chain", "head", "integrity",
+        "ended_by", "statuses", "grading_commands", "records", "chain", "head", "integrity",
     }  # fmt: skip
     assert shown["used"]["calls"] == 2 and shown["left"]["calls"] == 3
     assert shown["left"]["tokens"] == 1000 - shown["used"]["tokens"]

@@ -87,6 +87,12 @@ def test_a_forged_last_record_is_never_clean_and_fails_against_the_head(files: T
     assert "someone appended" in said["verify_text"]
     against = cli("verify", "--state", str(files.state), "--log", str(files.log), "--expect-head", head)
     assert against.returncode == 1 and "1 record after line 3" in against.stdout, against.stdout
+    # The forged record shown on its own: its hashes match (the forger made them), and the verdict comes first.
+    names = ("--state", str(files.state), "--log", str(files.log))
+    shown = cli("show", "--record", "4", *names)
+    assert shown.stdout.startswith("!!! the trial is unconfirmed: "), shown.stdout
+    said = json.loads(cli("show", "--json", "--record", "4", *names).stdout)["integrity"]
+    assert said["verdict"] == "unconfirmed" and said["this_record"] is True and said["first_bad_record"] == 4
     # The genuine trial passes against its head.
     files.log.write_bytes(b"".join(line + b"\n" for line in files.log.read_bytes().splitlines()[:-1]))
     clean = cli("verify", "--state", str(files.state), "--log", str(files.log), "--expect-head", head, "--strict")

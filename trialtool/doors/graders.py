@@ -100,13 +100,21 @@ def show(args: Arguments, key: bytes | None) -> int:
         known = f"calls {numbers[0]}..{numbers[-1]}" if numbers else "no calls"
         raise UsageError(f"no call {args.call} in this trial (it has {known})")
     replayer = Replayer(getattr(args, "o200k_file", None))
-    shown = [{"record": record, "delivered": replayer.delivered(record)._asdict()} for record in chosen]
+    integrity = summary["integrity"]
+    shown = [
+        {"record": record, "delivered": replayer.delivered(record)._asdict(), "integrity": _said_of(record, integrity)}
+        for record in chosen
+    ]
     if args.json:
         print(json.dumps(shown if len(shown) > 1 else shown[0], indent=2))
-        return 0
+        return EXIT_NOT_INTACT if integrity["verdict"] == "failed" else 0
     verdicts = {True: "matches the record", False: "DOES NOT match the record", None: "nothing was delivered"}
     for entry in shown:
         delivered: dict[str, Any] = entry["delivered"]
+        said = entry["integrity"]
+        if said["verdict"] != "clean":
+            # Matching its own hashes says nothing of a record someone appended: the trial's verdict first.
+            print(render.visible(f"!!! the trial is {said['verdict']}: {said.get('why', '')}"))
         print(json.dumps(entry["record"], indent=2, sort_keys=True))
         print(f"\n--- what the agent read ({verdicts[delivered['matches']]}) ---")
         for name in ("stdout", "stderr"):
@@ -116,7 +124,14 @@ def show(args: Arguments, key: bytes | None) -> int:
                 # What the command wrote, its control characters shown as escapes (render.visible).
                 text = render.visible(text, block=True)
                 print(text, end="" if text.endswith("\n") else "\n")
-    return 0
+    return EXIT_NOT_INTACT if integrity["verdict"] == "failed" else 0
+
+
+def _said_of(record: dict[str, Any], integrity: dict[str, Any]) -> dict[str, Any]:
+    """The trial's verdict as `show` puts it beside one record: `this_record` when it is the one named."""
+    said = dict(integrity)
+    said["this_record"] = record.get("record") == integrity.get("first_bad_record")
+    return said
 
 
 @contextmanager

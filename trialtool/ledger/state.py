@@ -108,7 +108,7 @@ class TrialState:
         self.rank_file = rank_file
         #: The sandbox pinned at creation (none for a trial older than sandboxes).
         self.sandbox = sandbox
-        #: Who the trial is (labels.py): pinned at creation, never read back to decide anything.
+        #: Who the trial is (labels.py, beside this module): pinned at creation, never read back to decide anything.
         self.labels: dict[str, str] = {} if labels is None else labels
         #: The log's absolute path when the trial was created: where `report` looks first for it
         #: (it pairs a state with a log by trial id; the files may have moved since).

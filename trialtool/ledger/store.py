@@ -19,10 +19,10 @@ import os
 import time
 from typing import Any
 
-from .. import labels, sandbox
+from .. import sandbox
 from ..errors import StateError
 from ..limits import Limits, check_pinned, from_overrides
-from . import audit, clock, fsio, mending, records
+from . import audit, clock, fsio, labels, mending, records
 from .state import TrialState, check_against_log, decode, encode
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import LimitMismatch, UsageError
-from .osio import plain
+from ..errors import LimitMismatch, UsageError
+from ..osio import plain
 
 #: The override's name (the flag is repeatable: `--label task=t1 --label epoch=2`).
 NAME = "labels"
