@@ -10,10 +10,11 @@ from .osio import plain
 
 #: Settings that travel with the limits but are the sandbox's (sandbox.py), each a flag; and two
 #: that are not flags: `origin`, the directory a trial is created from (the default workspace),
-#: and `search_path`, the caller's PATH, where the sandbox's executable is looked for then.
+#: and `search_path`, the caller's PATH, where the sandbox's executable is looked for then, and
+#: `home_path`, the caller's $HOME, which the sandbox's home layer goes over (`--home trial`).
 #: `labels` travel with them too (ledger/labels.py): who the trial is, pinned like a limit.
-SANDBOX_SETTINGS = ("sandbox", "network", "workspace", "writable")
-NOT_LIMITS = (*SANDBOX_SETTINGS, "origin", "search_path", "labels")
+SANDBOX_SETTINGS = ("sandbox", "network", "workspace", "writable", "home")
+NOT_LIMITS = (*SANDBOX_SETTINGS, "origin", "search_path", "home_path", "labels")
 
 CLIP_MODES = ("headtail", "head")
 

@@ -30,10 +30,17 @@ from .osio import plain
 
 MODES = ("none", "bwrap")
 NETWORKS = ("none", "host")
+HOMES = ("host", "trial")
 #: The override names that are sandbox settings rather than limits.
-SETTINGS = (*SANDBOX_SETTINGS, "origin", "search_path")
+SETTINGS = (*SANDBOX_SETTINGS, "origin", "search_path", "home_path")
 #: The flag of each setting, for messages.
-FLAG_OF = {"sandbox": "--sandbox", "network": "--network", "workspace": "--workspace", "writable": "--writable"}
+FLAG_OF = {
+    "sandbox": "--sandbox",
+    "network": "--network",
+    "workspace": "--workspace",
+    "writable": "--writable",
+    "home": "--home",
+}
 
 
 class Pin(NamedTuple):
@@ -68,6 +75,11 @@ class Sandbox(NamedTuple):
     pins: tuple[Pin, ...] = ()
     #: Why "auto" resolved to none, in the sandbox's own words (None otherwise).
     fallback: str | None = None
+    #: "trial": the command's $HOME is a layer of the trial's own over the host's (mode bwrap,
+    #: process/sandbox/home.py); "host": the host's, read-only like the rest of its root.
+    home: str = "host"
+    #: The host's home directory (canonical) the layer goes over, when `home` is "trial".
+    home_path: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +90,8 @@ class Sandbox(NamedTuple):
             "binary": None if self.binary is None else self.binary._asdict(),
             "pins": [pin._asdict() for pin in self.pins],
             "fallback": self.fallback,
+            "home": self.home,
+            "home_path": self.home_path,
         }
 
     @property
@@ -110,6 +124,10 @@ def _checked(settings: dict[str, Any]) -> dict[str, Any]:
     network = settings.get("network")
     if network is not None and network not in NETWORKS:
         msg = f"--network must be one of {', '.join(NETWORKS)}, not {plain(network)}"
+        raise UsageError(msg)
+    home = settings.get("home")
+    if home is not None and home not in HOMES:
+        msg = f"--home must be one of {', '.join(HOMES)}, not {plain(home)}"
         raise UsageError(msg)
     workspace = settings.get("workspace")
     if workspace is not None and (not isinstance(workspace, str) or not workspace):
@@ -181,9 +199,34 @@ def pin(settings: dict[str, Any], available: Available | None) -> Sandbox:
     if mode == "none":
         if settings.get("network") == "none":
             raise UsageError("--network none needs a sandbox; it cannot hold with --sandbox none")
+        if settings.get("home") == "trial" and settings.get("sandbox") == "none":
+            raise UsageError("--home trial needs a sandbox; it cannot hold with --sandbox none")
         return Sandbox("none", "host", workspace, writable, fallback=fallback)
     pins = tuple(identity(path) for path in (workspace, *writable))
-    return Sandbox("bwrap", settings.get("network") or "none", workspace, writable, binary, pins)
+    home, home_path = _home(settings, workspace, writable)
+    return Sandbox(
+        "bwrap", settings.get("network") or "none", workspace, writable, binary, pins, home=home, home_path=home_path
+    )
+
+
+def _home(settings: dict[str, Any], workspace: str, writable: tuple[str, ...]) -> tuple[str, str | None]:
+    """The pinned home: "host" by default; "trial" (asked for) over the caller's $HOME (`home_path`).
+
+    A home that is the workspace, or inside a writable path, is the command's already: "host".
+    """
+    wanted = settings.get("home") or "host"
+    # The caller's $HOME (the per-user server's callers send theirs), else this process's.
+    given = settings.get("home_path") or os.environ.get("HOME")
+    if wanted == "host":
+        return "host", None
+    path = os.path.realpath(given) if isinstance(given, str) and given.startswith("/") else None
+    if path is None or path == "/" or not os.path.isdir(path):
+        if settings.get("home") == "trial":
+            raise UsageError(f"--home trial: $HOME {plain(given)} is not a directory to go over")
+        return "host", None
+    if any(path == root or path.startswith(root.rstrip("/") + "/") for root in (workspace, *writable)):
+        return "host", None
+    return "trial", path
 
 
 def identity(path: str) -> Pin:
@@ -203,6 +246,9 @@ def check_pinned(pinned: Sandbox, settings: dict[str, Any]) -> None:
     network = settings.get("network")
     if network is not None and network != pinned.network:
         _mismatch("network", network, pinned.network)
+    home = settings.get("home")
+    if home is not None and home != pinned.home:
+        _mismatch("home", home, pinned.home)
     if settings.get("workspace") is not None or settings.get("writable"):
         workspace, writable = _paths(settings)
         if settings.get("workspace") is not None and workspace != pinned.workspace:
@@ -235,6 +281,9 @@ def from_state(data: Any) -> Sandbox:
         or not isinstance(writable, list)
         or not all(isinstance(path, str) for path in writable)
         or not isinstance(data.get("fallback"), str | None)
+        or data.get("home", "host") not in HOMES
+        or not isinstance(data.get("home_path"), str | None)
+        or (data.get("home") == "trial" and not isinstance(data.get("home_path"), str))
     ):
         raise ValueError("the sandbox is malformed")
     try:
@@ -244,7 +293,17 @@ def from_state(data: Any) -> Sandbox:
         raise ValueError("the sandbox is malformed") from exc
     if (binary is not None and not _typed(binary, str, int)) or not all(_typed(pin, str, int) for pin in pins):
         raise ValueError("the sandbox is malformed")
-    return Sandbox(data["mode"], data["network"], workspace, tuple(writable), binary, pins, data.get("fallback"))
+    return Sandbox(
+        data["mode"],
+        data["network"],
+        workspace,
+        tuple(writable),
+        binary,
+        pins,
+        data.get("fallback"),
+        data.get("home", "host"),
+        data.get("home_path"),
+    )
 
 
 def _typed(row: tuple[Any, ...], first: type, rest: type) -> bool:

@@ -100,6 +100,8 @@ def test_the_trial_pins_the_sandbox_and_records_it(box: Sandboxed) -> None:
         },
         "pins": [{"path": str(box.workspace), "device": info.st_dev, "inode": info.st_ino}],
         "fallback": None,
+        "home": "host",
+        "home_path": None,
     }
     assert box.records()[0]["sandbox"] == "bwrap"
 

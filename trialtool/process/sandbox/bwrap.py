@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -33,7 +32,7 @@ from ... import serverdir
 from ...errors import SandboxError, UsageError
 from ...osio import plain
 from ...sandbox import Pin, Sandbox
-from . import ownfiles, pinned
+from . import home, ownfiles, pinned
 from .executable import ISOLATION, STATUS_FD, check_binary, probe
 from .layout import Layout, inside, layout
 
@@ -60,6 +59,10 @@ class Wrapped(NamedTuple):
     argv: list[str]
     #: (index in argv of a --bind-fd's descriptor argument, the path pinned there).
     binds: list[tuple[int, Pin]]
+
+
+#: At one depth, the home layer and what it keeps of the host go on before the paths a command may write.
+_RANK = {"home": 0, "home_ro": 1, "cover": 2, "root": 3, "held": 4, "protected": 5, "masked": 6, "overmounted": 7}
 
 
 def arguments(
@@ -93,14 +96,31 @@ def arguments(
     held = set(hide.held)
     if any(inside(tmp.path, root) for root in sandbox.roots):
         held.add(tmp.path)  # beside a state in the workspace: not to be renamed or replaced by a link
+    layer: home.Home | None = hide.home
+    if layer is not None and any(inside(layer.layer.path, root) for root in sandbox.roots):
+        held.add(layer.layer.path)
     pins = {pin.path: pin for pin in sandbox.pins}
     # Every mount inside the writable paths in one order, parents before children: a later
     # bind of a parent would cover what was mounted below it.
     mounts = [(root, "root") for root in sandbox.roots]
     mounts += [(path, "held") for path in held] + [(path, "protected") for path in hide.protected]
     mounts += [(path, "masked") for path in hide.masked] + [(path, "overmounted") for path in hide.overmounted]
-    for path, kind in sorted(mounts, key=lambda mount: (len(mount[0]), mount[0])):
-        if kind == "root":
+    if layer is not None:
+        # The home layer goes on first at its depth, what stays the host's read-only on it, and what the
+        # sandbox hides below the home is hidden again on top (the layer would cover its tmpfs).
+        mounts.append((layer.path, "home"))
+        mounts += [(os.path.join(layer.path, name), "home_ro") for name in layer.read_only]
+        kept = [os.path.join(layer.path, name) for name in layer.read_only]
+        mounts += [(path, "cover") for path in hide.covered if any(inside(path, bound) for bound in kept)]
+    for path, kind in sorted(mounts, key=lambda mount: (len(mount[0]), _RANK[mount[1]], mount[0])):
+        if kind == "home":
+            bind_pinned(layer.layer, path)  # type: ignore[union-attr]
+        elif kind == "home_ro":
+            if os.path.lexists(path):
+                wrapped += ["--ro-bind", path, path]  # the source is the host's, from outside the sandbox
+        elif kind == "cover":
+            wrapped += ["--tmpfs", path]
+        elif kind == "root":
             bind_pinned(pins[path], path)
         elif kind == "held":
             wrapped += ["--bind", path, path]
@@ -112,7 +132,9 @@ def arguments(
             # A device node on a nodev mount: it can be neither opened nor replaced.
             wrapped += ["--ro-bind", "/dev/null", path]
     for directory in hide.covered:
-        wrapped += ["--remount-ro", directory]
+        # Below the home layer only what was covered again is a tmpfs still (the rest is the layer's).
+        if layer is None or not inside(directory, layer.path) or (directory, "cover") in mounts:
+            wrapped += ["--remount-ro", directory]
     wrapped += ["--chdir", cwd, *ISOLATION]
     if sandbox.network == "host":
         wrapped.append("--share-net")
@@ -214,7 +236,21 @@ class Plan:
         if any(inside(real, directory) for directory in hide.covered) and not any(inside(real, root) for root in roots):
             msg = f"the call's directory {plain(cwd)} is hidden in the sandbox (it holds the trial's files)"
             raise UsageError(msg)
-        return tmp_directory(self.state_path, trial_id), hide
+        tmp = tmp_directory(self.state_path, trial_id)
+        home_path = self.sandbox.home_path
+        if self.sandbox.home == "trial" and isinstance(home_path, str):
+            # Never copied into the layer nor bound there: what the sandbox hides below the home, and the
+            # trial's own. (A directory covered only to hide a trial file in it, the home itself, say,
+            # needs no cover under the layer: the file is simply not in the layer.)
+            kept = [os.path.realpath(path) for path in (*self.files, *hide.covered, *hide.masked, tmp.path)]
+            excluded = [path for path in kept if inside(path, home_path) and path != home_path]
+            try:
+                made = home.layer(self.state_path, trial_id, home_path, excluded)
+            except OSError as exc:
+                msg = f"the trial's sandbox home cannot be made: {exc.strerror or exc}"
+                raise SandboxError(msg) from exc
+            hide = hide._replace(home=made)
+        return tmp, hide
 
     def wrap(self, argv: list[str], cwd: str, tmp: Pin, hide: Layout, open_files: int = 0) -> Wrapped:
         """The bwrap command line that runs `argv` in `cwd`, with `tmp` and `hide` from `check`."""
@@ -232,15 +268,7 @@ def tmp_directory(state_path: str, trial_id: str) -> Pin:
     """
     directory, name = os.path.split(os.path.abspath(state_path))
     path = os.path.join(os.path.realpath(directory), f".{name}.sandbox-tmp-{trial_id}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-        msg = f"the trial's sandbox /tmp {plain(path)} is not a directory of this user's (replaced?)"
-        raise SandboxError(msg)
-    return Pin(path, info.st_dev, info.st_ino)
+    return pinned.own_directory(path, "the trial's sandbox /tmp")[0]
 
 
 __all__ = [

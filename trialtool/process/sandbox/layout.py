@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ...errors import UsageError
 from ...osio import plain
@@ -46,6 +46,8 @@ class Layout(NamedTuple):
     protected: tuple[str, ...] = ()
     #: Directories inside a writable path covered by an empty tmpfs (a server's directory).
     masked: tuple[str, ...] = ()
+    #: The trial's home layer (home.py), when its sandbox has one.
+    home: Any = None
 
     @property
     def exposed(self) -> bool:

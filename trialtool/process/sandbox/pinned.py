@@ -91,4 +91,28 @@ def check(pins: tuple[Pin, ...]) -> None:
         os.close(open_pinned(pin))
 
 
-__all__ = ["check", "make_directories", "open_nofollow", "open_pinned"]
+def own_directory(path: str, what: str) -> tuple[Pin, bool]:
+    """A directory of this user's at `path` (made 0700 if missing, never a link), pinned; and whether it was made.
+
+    SandboxError when something else is there: `what` names it in the message.
+    """
+    made = False
+    try:
+        os.mkdir(path, 0o700)
+        made = True
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        msg = f"{what} {plain(path)} is not a directory of this user's (replaced?)"
+        raise SandboxError(msg)
+    return Pin(path, info.st_dev, info.st_ino), made
+
+
+__all__ = [
+    "check",
+    "make_directories",
+    "open_nofollow",
+    "open_pinned",
+    "own_directory",
+]
