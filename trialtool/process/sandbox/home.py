@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import Callable
 from typing import NamedTuple
 
 from ...errors import SandboxError
@@ -138,7 +139,7 @@ def _place(
     depth: int,
     budget: _Budget,
     read_only: list[str],
-    visit: object,
+    visit: Callable[[str, int], None],
 ) -> None:
     if entry.is_symlink():
         os.symlink(os.readlink(entry.path), target)
@@ -163,7 +164,7 @@ def _place(
         return
     os.mkdir(target)
     shutil.copystat(entry.path, target, follow_symlinks=False)
-    if depth + 1 < DEPTH and callable(visit):
+    if depth + 1 < DEPTH:
         visit(name, depth + 1)
     else:
         read_only.append(name)
