@@ -401,6 +401,42 @@ def sandbox_figures(tool: str, work: Path, python: str, runs: int) -> None:
         )
 
 
+def home_figures(tool: str, work: Path, runs: int) -> None:
+    """What a home of the trial's own costs a cold call over the host's read-only $HOME (this $HOME)."""
+    print("\nhome layer, cold CLI `true` under --sandbox bwrap over --home host, median ms:")
+    if sandbox_unavailable() is not None:
+        print("  not measured: no sandbox here")
+        return
+    kinds: dict[str, dict[str, str]] = {"host": {}, "trial": {}}
+    # The overlay kind needs bwrap 0.9 or later: the one scripts/build-bwrap makes, if there is one.
+    built = Path(__file__).resolve().parents[1] / ".ci" / "cache" / "bwrap" / "bin"
+    if (built / "bwrap").exists():
+        kinds["trial, overlay"] = {"PATH": f"{built}:{os.environ['PATH']}"}
+    commands: dict[str, list[str]] = {}
+    for kind, extra in kinds.items():
+        name = "home-" + kind.replace(", ", "-")
+        flags = ["--sandbox", "bwrap", "--workspace", str(work / "ws"), "--home", kind.split(",")[0]]
+        commands[kind] = [tool, "--state", str(work / f"{name}.json"), "--log", str(work / f"{name}.jsonl")]
+        commands[kind] += [*flags, "--max-calls", "1000000", "--", "true"]
+        started = time.perf_counter()
+        subprocess.run(commands[kind], env={**os.environ, **extra}, capture_output=True, check=True)
+        first = time.perf_counter() - started
+        layer = sum(
+            path.lstat().st_blocks * 512 for path in work.glob(f".{name}.json.sandbox-home-*/**/*") if path.exists()
+        )
+        print(f"  {kind:<16} first call {first * 1000:7.1f} ms, layer on disk {layer / 1e6:.2f} MB")
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for _ in range(runs):
+        for kind, extra in kinds.items():
+            started = time.perf_counter()
+            subprocess.run(commands[kind], env={**os.environ, **extra}, capture_output=True, check=False)
+            times[kind].append(time.perf_counter() - started)
+    host = statistics.median(times["host"])
+    for kind in kinds:
+        seconds = statistics.median(times[kind])
+        print(f"  {kind:<16} a call {seconds * 1000:7.1f} ms  {seconds / host:5.2f}x --home host")
+
+
 def trust_figures(python: str, runs: int) -> None:
     """What a warm call pays for the sandbox's pins and the server's peer check, each alone."""
     print("\nkeeping the sandbox shut, per call, warm, median ms:")
@@ -649,6 +685,7 @@ def main() -> int:
     memory_figures(tool, work, python)
     stopping(tool, work, python, no_output)
     sandbox_figures(tool, work, python, args.runs)
+    home_figures(tool, work, args.runs)
     trust_figures(python, args.runs)
     server_figures(tool, work, python, args.runs)
     ledger_figures(tool, work, python)

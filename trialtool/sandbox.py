@@ -210,11 +210,12 @@ def pin(settings: dict[str, Any], available: Available | None) -> Sandbox:
 
 
 def _home(settings: dict[str, Any], workspace: str, writable: tuple[str, ...]) -> tuple[str, str | None]:
-    """The pinned home: "host" by default; "trial" (asked for) over the caller's $HOME (`home_path`).
+    """The pinned home: "trial" by default, over the caller's $HOME (`home_path`); "host" when asked for.
 
-    A home that is the workspace, or inside a writable path, is the command's already: "host".
+    A home that is the workspace, or inside a writable path, is the command's already: "host". So is
+    one that is no directory, unless "trial" was asked for (then it is an error).
     """
-    wanted = settings.get("home") or "host"
+    wanted = settings.get("home") or "trial"
     # The caller's $HOME (the per-user server's callers send theirs), else this process's.
     given = settings.get("home_path") or os.environ.get("HOME")
     if wanted == "host":

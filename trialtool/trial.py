@@ -184,7 +184,7 @@ class Trial:
         plan = self._plans.get(sandbox)
         if plan is None:
             path = self.ledger.state_path
-            files = [path, self.ledger.log_path, path + ".lock", seam.home_listing(path), *self.hidden_files]
+            files = [path, self.ledger.log_path, path + ".lock", *self.hidden_files]
             # The rank file as the reservation's preflight located it (_check_rank_file, which runs first).
             plan = self._plans[sandbox] = seam.Plan(sandbox, path, files, self._rank_path)
         return plan

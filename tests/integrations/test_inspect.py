@@ -302,3 +302,36 @@ def test_a_text_editor_call_over_its_deadline_lets_the_eval_go_on(tmp_path: Path
         assert told.error is not None and told.error.type == "timeout", told
         records = strict_records(Path(sample.metadata["trialtool"]["log"]))
         assert records[0]["status"] == "timeout" and records[0]["charged"] is True
+
+
+def test_a_login_shell_whose_profile_writes_under_home_leaves_the_model_no_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """inspect's bash() runs `bash --login`; a profile that writes under $HOME (as pyenv's rehash does)
+    writes into the sample's home layer, and the model reads only the command's output."""
+    from trialtool.process import sandbox as seam
+
+    if seam.unavailable() is not None:
+        pytest.skip(f"the bwrap sandbox cannot run here: {seam.unavailable()}")
+    home = tmp_path / "home"
+    (home / ".pyenv" / "shims").mkdir(parents=True)
+    (home / ".profile").write_text(
+        'touch "$HOME/.pyenv/shims/.rehash" 2>/dev/null '
+        '|| echo "pyenv: cannot rehash: $HOME/.pyenv/shims is not writable" >&2\n'
+    )
+    monkeypatch.setenv("HOME", str(home))
+    plan = [("bash", {"command": "echo hi"}), ("bash", {"command": "ls -A ~/.pyenv/shims"})]
+    task = Task(
+        dataset=[Sample(id="s1", input="go")],
+        solver=[use_tools(bash()), generate()],
+        sandbox=("trialtool", {"limits": {"sandbox": "bwrap"}}),
+    )
+    model = get_model("mockllm/model", custom_outputs=scripted_by(plan))
+    [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none")
+    assert log.status == "success", log.error
+    assert log.samples is not None
+    [sample] = log.samples
+    texts = [message.text for message in sample.messages if message.role == "tool"]
+    assert texts == ["hi\n", ".rehash\n"]
+    # The host's home: untouched by the command (inspect itself, on the host, keeps its data in ~/.local).
+    assert list((home / ".pyenv" / "shims").iterdir()) == []

@@ -63,7 +63,8 @@ def test_a_full_disk_at_each_write_charges_only_what_was_delivered(small_disk: P
     delivered: list[tuple[str, int]] = []
     failures: list[TrialToolError] = []
     # A capture cap this disk can hold: each call reserves room for its capture and record (ledger.py).
-    limits = {"max_calls": 1000, "max_call_tokens": 3000, "max_capture_bytes": 8192}
+    # The host's home, not a layer of the trial's beside the state: this disk is the ledger's to fill.
+    limits = {"max_calls": 1000, "max_call_tokens": 3000, "max_capture_bytes": 8192, "home": "host"}
     with Trial(files.state, files.log, limits=limits) as api:
         api.run(["echo", "warm"])  # the trial exists and the encoder is built
         delivered.append(("warm\n", 2))
@@ -101,7 +102,7 @@ def test_a_full_disk_at_each_write_charges_only_what_was_delivered(small_disk: P
 @pytest.mark.timeout(120)
 def test_the_cli_on_a_full_disk_says_one_line_and_changes_nothing(small_disk: Path) -> None:
     files = TrialFiles(small_disk)
-    assert files.call("echo", "first", flags=("--max-capture-bytes", "8192")).returncode == 0
+    assert files.call("echo", "first", flags=("--max-capture-bytes", "8192", "--home", "host")).returncode == 0
     before = files.snapshot()
     filler = fill(small_disk, 0)
     try:

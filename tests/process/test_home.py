@@ -1,10 +1,17 @@
-"""A home of the trial's own (`--home trial`): tools that write under $HOME work,
+"""A home of the trial's own (`--home trial`, the default): tools that write under $HOME work,
 the host's home never changes, and the layer is the trial's alone. Each test's home is its own directory,
-given as the caller's $HOME: the machine's home is never the one written."""
+given as the caller's $HOME: the machine's home is never the one written.
+
+Both kinds of layer are tested: "directory" with a bwrap without overlays (Debian 12's 0.8), "overlay"
+with one that has them, found in $TRIALTOOL_TEST_OVERLAY_BWRAP (a directory holding bwrap) or where
+scripts/build-bwrap puts it (.ci/cache/bwrap/bin)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
 import zipfile
@@ -16,6 +23,30 @@ import pytest
 from trialtool.process import sandbox
 
 PY = sys.executable
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _has_overlays(directory: str) -> bool:
+    binary = os.path.join(directory, "bwrap")
+    if not os.access(binary, os.X_OK):
+        return False
+    said = subprocess.run([binary, "--help"], capture_output=True, timeout=30, check=False).stdout
+    return b"--overlay-src" in said
+
+
+def _bwrap_directories() -> dict[str, str | None]:
+    """Where the bwrap for each kind of layer is (prepended to PATH), or None where there is none."""
+    system = shutil.which("bwrap")
+    found: dict[str, str | None] = {"directory": None, "overlay": None}
+    if system is not None:
+        found["overlay" if _has_overlays(os.path.dirname(system)) else "directory"] = ""
+    for candidate in (os.environ.get("TRIALTOOL_TEST_OVERLAY_BWRAP"), str(REPO / ".ci" / "cache" / "bwrap" / "bin")):
+        if found["overlay"] is None and candidate and _has_overlays(candidate):
+            found["overlay"] = candidate
+    return found
+
+
+BWRAPS = _bwrap_directories()
 
 pytestmark = pytest.mark.skipif(
     sandbox.unavailable() is not None, reason=f"the bwrap sandbox cannot run here: {sandbox.unavailable()}"
@@ -25,8 +56,9 @@ pytestmark = pytest.mark.skipif(
 class Homed:
     """A bwrap trial (its files in `trial/`, its workspace `ws/`) called with $HOME set to `home/`."""
 
-    def __init__(self, root: Path, name: str = "trial", home: str | None = "trial") -> None:
+    def __init__(self, root: Path, name: str = "trial", home: str | None = "trial", bwrap: str = "") -> None:
         self.root = root
+        self.bwrap = bwrap
         self.home = root / "home"
         self.workspace = root / "ws"
         for directory in (self.home, self.workspace, root / name):
@@ -39,6 +71,8 @@ class Homed:
     def sh(self, script: str, *flags: str) -> subprocess.CompletedProcess[str]:
         argv = [PY, "-m", "trialtool", *self.files, *self.pinned, *flags, "--", "sh", "-c", script]
         env = {**os.environ, "HOME": str(self.home)}
+        if self.bwrap:
+            env["PATH"] = f"{self.bwrap}:{env['PATH']}"
         return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=self.workspace, env=env)
 
     def snapshot(self) -> dict[str, Any]:
@@ -49,9 +83,20 @@ class Homed:
         return found
 
 
+@pytest.fixture(params=["directory", "overlay"])
+def kind(request: pytest.FixtureRequest) -> str:
+    if BWRAPS[request.param] is None:
+        why = {
+            "directory": "the bwrap on PATH has overlays (the directory layer is for one without)",
+            "overlay": "no bwrap with overlays here (0.9 or later; scripts/build-bwrap builds one)",
+        }
+        pytest.skip(why[request.param])
+    return str(request.param)
+
+
 @pytest.fixture
-def homed(tmp_path: Path) -> Homed:
-    made = Homed(tmp_path)
+def homed(tmp_path: Path, kind: str) -> Homed:
+    made = Homed(tmp_path, home=None, bwrap=BWRAPS[kind] or "")
     (made.home / ".profile").write_text(
         # A profile that writes under $HOME, as pyenv's `rehash` does: it warns where it cannot.
         'mkdir -p "$HOME/.pyenv/shims" 2>/dev/null && touch "$HOME/.pyenv/shims/.rehash" 2>/dev/null '
@@ -62,7 +107,8 @@ def homed(tmp_path: Path) -> Homed:
     return made
 
 
-def test_tools_that_write_under_home_work_and_the_hosts_home_never_changes(homed: Homed) -> None:
+def test_tools_that_write_under_home_work_and_the_hosts_home_never_changes(homed: Homed, kind: str) -> None:
+    # The default under a sandbox: a home of the trial's own, of the kind its bwrap allows.
     before = homed.snapshot()
     done = homed.sh(
         "mkdir -p ~/.cache/tool && echo cached > ~/.cache/tool/entry && "
@@ -75,6 +121,18 @@ def test_tools_that_write_under_home_work_and_the_hosts_home_never_changes(homed
     # The layer is kept across the trial's calls, like its /tmp.
     again = homed.sh("cat ~/.cache/tool/entry && git config --global user.name && tail -1 ~/.profile")
     assert again.returncode == 0 and again.stdout == "cached\nThe Agent\nappended\n", again.stderr
+    state = json.loads((homed.root / "trial" / "s.json").read_text())
+    assert state["sandbox"]["home"] == "trial"
+    (layer,) = (homed.root / "trial").glob(".s.json.sandbox-home-*")
+    assert sorted(path.name for path in layer.iterdir()) == (["upper", "work"] if kind == "overlay" else ["home"])
+    assert stat.S_IMODE(layer.stat().st_mode) == 0o700
+
+
+def test_the_command_gets_no_descriptor_of_the_layer(homed: Homed) -> None:
+    done = homed.sh("ls /proc/self/fd")
+    assert done.returncode == 0, done.stderr
+    # Its own three, and the one ls reads the directory through.
+    assert done.stdout.split() == ["0", "1", "2", "3"]
 
 
 def test_a_login_shell_whose_profile_writes_under_home_says_nothing(homed: Homed) -> None:
@@ -83,6 +141,27 @@ def test_a_login_shell_whose_profile_writes_under_home_says_nothing(homed: Homed
     ran = homed.sh("test -f ~/.pyenv/shims/.rehash")  # the profile ran, and wrote where it meant to
     assert ran.returncode == 0, ran.stderr
     assert not (homed.home / ".pyenv" / "shims" / ".rehash").exists()
+
+
+def test_a_directory_layer_copies_only_small_files_anyone_may_read(tmp_path: Path) -> None:
+    if BWRAPS["directory"] is None:
+        pytest.skip("the bwrap on PATH has overlays (the directory layer is for one without)")
+    homed = Homed(tmp_path)
+    (homed.home / ".gitconfig").write_text("[user]\n\tname = Host\n")
+    (homed.home / ".gitconfig").chmod(0o644)
+    (homed.home / "token").write_text("s3cret-token")
+    (homed.home / "token").chmod(0o600)
+    (homed.home / "big").write_bytes(b"x" * (1 << 20))
+    (homed.home / "big").chmod(0o644)
+    done = homed.sh("cat ~/token && wc -c < ~/big && git config --global user.name")
+    assert done.stdout == "s3cret-token" + "1048576\nHost\n", done.stderr
+    (layer,) = (homed.root / "trial").glob(".s.json.sandbox-home-*/home")
+    assert (layer / ".gitconfig").is_file() and not (layer / ".gitconfig").is_symlink()
+    # The private file and the large one are links to the sandbox's read-only view: nothing of theirs is copied.
+    assert os.readlink(layer / "token") == "/run/trialtool/host-home/token"
+    assert os.readlink(layer / "big") == "/run/trialtool/host-home/big"
+    total = sum(path.lstat().st_blocks * 512 for path in layer.rglob("*"))
+    assert total < 1 << 20
 
 
 def test_pip_install_user_of_a_local_wheel(homed: Homed) -> None:
@@ -117,17 +196,48 @@ def test_home_host_keeps_the_hosts_home_read_only(tmp_path: Path) -> None:
     assert changed.returncode == 125 and "--home" in changed.stderr  # pinned
 
 
-def test_the_layer_is_the_trials_alone_and_keeps_its_files_out(tmp_path: Path) -> None:
-    """Two trials over one home: neither sees what the other wrote. A key file in the home (the trial's
-    own, hidden) is neither copied into the layer nor readable through it."""
-    key = tmp_path / "home" / "ledger.key"
-    one = Homed(tmp_path, "one")
+def test_the_layer_is_the_trials_alone_and_keeps_its_files_out(tmp_path: Path, kind: str) -> None:
+    """Two trials over one home: neither sees what the other wrote. A key file below the home (the
+    trial's own, hidden) is neither copied into the layer nor readable through it."""
+    (tmp_path / "home" / "keys").mkdir(parents=True)
+    key = tmp_path / "home" / "keys" / "ledger.key"
+    one = Homed(tmp_path, "one", bwrap=BWRAPS[kind] or "")
     key.write_text("k3y-0f-the-ledger-" + "x" * 20)
-    two = Homed(tmp_path, "two")
+    key.chmod(0o644)
+    two = Homed(tmp_path, "two", bwrap=BWRAPS[kind] or "")
     assert one.sh("echo one > ~/mine", "--key-file", str(key)).returncode == 0
     seen = two.sh("cat ~/mine", "--key-file", str(key))
     assert seen.returncode != 0 and "No such file" in seen.stderr
-    read = one.sh(f"cat {key} || echo unreadable", "--key-file", str(key))
-    assert "k3y" not in read.stdout and "k3y" not in read.stderr
+    attempts = f"cat {key} /run/trialtool/host-home/keys/ledger.key; ls -a ~/keys /run/trialtool/host-home/keys"
+    read = one.sh(attempts, "--key-file", str(key))
+    assert "k3y" not in read.stdout and "k3y" not in read.stderr and "ledger.key" not in read.stdout
     layers = sorted(tmp_path.glob("one/.s.json.sandbox-home-*"))
     assert layers and not any("ledger.key" in str(path) for layer in layers for path in layer.rglob("*"))
+
+
+def test_a_state_directly_in_the_home_gives_an_empty_layer(tmp_path: Path) -> None:
+    """The home holds the trial's files, so the sandbox hides it whole: the layer starts empty, writable."""
+    homed = Homed(tmp_path, home=None)
+    homed.files = ["--state", str(homed.home / "s.json"), "--log", str(homed.home / "l.jsonl")]
+    (homed.home / "notes").write_text("the host's\n")
+    done = homed.sh("ls -A ~; echo mine > ~/mine && cat ~/mine")
+    assert done.returncode == 0 and done.stdout == "mine\n", done.stderr
+    again = homed.sh("cat ~/mine")
+    assert again.stdout == "mine\n", again.stderr
+    assert not (homed.home / "mine").exists()
+
+
+def test_a_workspace_inside_the_home_is_the_hosts_and_the_rest_the_layers(tmp_path: Path, kind: str) -> None:
+    """The usual layout, a repository under $HOME: the workspace is bound over the layer, writable and
+    the host's; the rest of the home is the layer's."""
+    homed = Homed(tmp_path, home=None, bwrap=BWRAPS[kind] or "")
+    homed.workspace = homed.home / "src" / "repo"
+    homed.workspace.mkdir(parents=True)
+    homed.pinned = ["--sandbox", "bwrap", "--workspace", str(homed.workspace)]
+    (homed.home / "src" / "other").write_text("beside\n")
+    done = homed.sh("echo made > made && echo cached > ~/.cached && cat ~/src/other && echo x > ~/src/new")
+    assert done.returncode == 0 and done.stdout == "beside\n", done.stderr
+    assert (homed.workspace / "made").read_text() == "made\n"
+    assert not (homed.home / ".cached").exists() and not (homed.home / "src" / "new").exists()
+    again = homed.sh("cat made ~/.cached ~/src/new")
+    assert again.stdout == "made\ncached\nx\n", again.stderr

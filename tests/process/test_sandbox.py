@@ -100,8 +100,8 @@ def test_the_trial_pins_the_sandbox_and_records_it(box: Sandboxed) -> None:
         },
         "pins": [{"path": str(box.workspace), "device": info.st_dev, "inode": info.st_ino}],
         "fallback": None,
-        "home": "host",
-        "home_path": None,
+        "home": "trial",
+        "home_path": os.path.realpath(os.path.expanduser("~")),
     }
     assert box.records()[0]["sandbox"] == "bwrap"
 
@@ -138,8 +138,9 @@ def test_the_host_outside_the_workspace_is_read_only(box: Sandboxed) -> None:
     )
     done = box.sh(script + "; echo in-workspace > made-here; echo done")
     # The workspace's parent, under the host's /tmp here, is a directory of the trial's own /tmp
-    # in the sandbox: writable there, and not the host's.
-    assert done.stdout.replace(f"LEAK-{box.root}\n", "") == "done\n", done.stderr
+    # in the sandbox: writable there, and not the host's. So is the home: the trial's own layer.
+    seen = done.stdout.replace(f"LEAK-{box.root}\n", "").replace(f"LEAK-{home}\n", "")
+    assert seen == "done\n", done.stderr
     assert (box.workspace / "made-here").read_text() == "in-workspace\n"
     assert not any(Path(path, "trialtool-escape").exists() for path in ("/usr", "/etc", home, box.root))
 

@@ -231,7 +231,8 @@ def _open_binds(spec: Spec) -> tuple[list[str], list[int]]:
     try:
         for index, path, device, inode in spec.binds:
             fds.append(pinned.open_pinned(Pin(path, device, inode)))
-            argv[index] = str(bwrap.FIRST_BIND_FD + len(fds) - 1)
+            if index >= 0:  # else named as /proc/self/fd/N where bwrap takes a path (an overlay's)
+                argv[index] = argv[index].replace("{fd}", str(bwrap.FIRST_BIND_FD + len(fds) - 1))
     except BaseException:
         for fd in fds:
             os.close(fd)

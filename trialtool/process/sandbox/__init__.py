@@ -20,7 +20,6 @@ from . import bwrap, none
 from .base import Backend
 from .bwrap import Plan
 from .executable import available, probe_ahead, settle, unavailable
-from .home import listing as home_listing
 from .layout import Layout
 
 #: Every backend, by the name a trial pins.
@@ -39,7 +38,6 @@ __all__ = [
     "Plan",
     "available",
     "backend",
-    "home_listing",
     "probe_ahead",
     "settle",
     "unavailable",

@@ -61,8 +61,8 @@ class Wrapped(NamedTuple):
     binds: list[tuple[int, Pin]]
 
 
-#: At one depth, the home layer and what it keeps of the host go on before the paths a command may write.
-_RANK = {"home": 0, "home_ro": 1, "cover": 2, "root": 3, "held": 4, "protected": 5, "masked": 6, "overmounted": 7}
+#: At one depth, the home layer goes on before what it hides and the paths a command may write.
+_RANK = {"home": 0, "cover": 1, "blank": 2, "root": 3, "held": 4, "protected": 5, "masked": 6, "overmounted": 7}
 
 
 def arguments(
@@ -70,18 +70,25 @@ def arguments(
 ) -> Wrapped:
     """The command line that runs `argv` in `sandbox`, with things kept from it as `hide` says.
 
-    Every pinned path (the roots, the trial's /tmp `tmp`) is bound from a descriptor
-    the supervisor opens and checks just before it starts bwrap: the argv holds a
-    placeholder at each index that `binds` names. `open_files` (the trial's
-    --max-open-files) is set by a shell inside the sandbox, just before it becomes
-    the command: bwrap cannot set a sandbox up within a small limit.
+    Every pinned path (the roots, the trial's /tmp `tmp`, its home layer) is bound
+    from a descriptor the supervisor opens and checks just before it starts bwrap:
+    the argv holds a placeholder (`{fd}`) at each index that `binds` names.
+    `open_files` (the trial's --max-open-files) is set by a shell inside the
+    sandbox, just before it becomes the command: bwrap cannot set a sandbox up
+    within a small limit.
     """
     wrapped = [binary, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
     binds: list[tuple[int, Pin]] = []
+    layer: home.Home | None = hide.home
+    if layer is not None and layer.work is not None:
+        # An overlay takes its directories by path: /proc/self/fd/N of descriptors the supervisor opened
+        # and checked. bwrap closes only --bind-fd's, so these two are closed before the command starts.
+        binds += [(-1, layer.layer), (-1, layer.work)]
+    shut = [FIRST_BIND_FD + index for index in range(len(binds))]
 
     def bind_pinned(pin: Pin, destination: str) -> None:
         binds.append((len(wrapped) + 1, pin))
-        wrapped.extend(["--bind-fd", "-1", destination])
+        wrapped.extend(["--bind-fd", "{fd}", destination])
 
     if sandbox.network == "host":
         resolver = os.path.realpath("/etc/resolv.conf")
@@ -96,9 +103,6 @@ def arguments(
     held = set(hide.held)
     if any(inside(tmp.path, root) for root in sandbox.roots):
         held.add(tmp.path)  # beside a state in the workspace: not to be renamed or replaced by a link
-    layer: home.Home | None = hide.home
-    if layer is not None and any(inside(layer.layer.path, root) for root in sandbox.roots):
-        held.add(layer.layer.path)
     pins = {pin.path: pin for pin in sandbox.pins}
     # Every mount inside the writable paths in one order, parents before children: a later
     # bind of a parent would cover what was mounted below it.
@@ -106,18 +110,25 @@ def arguments(
     mounts += [(path, "held") for path in held] + [(path, "protected") for path in hide.protected]
     mounts += [(path, "masked") for path in hide.masked] + [(path, "overmounted") for path in hide.overmounted]
     if layer is not None:
-        # The home layer goes on first at its depth, what stays the host's read-only on it, and what the
-        # sandbox hides below the home is hidden again on top (the layer would cover its tmpfs).
+        if any(inside(layer.layer.path, root) for root in sandbox.roots):
+            mounts.append((os.path.dirname(layer.layer.path), "held"))
+        # The home goes on at its depth, and what the sandbox hides below it is hidden again on top: an
+        # overlay shows the host's files there, and a tmpfs gives the writable paths their mount points.
         mounts.append((layer.path, "home"))
-        mounts += [(os.path.join(layer.path, name), "home_ro") for name in layer.read_only]
-        kept = [os.path.join(layer.path, name) for name in layer.read_only]
-        mounts += [(path, "cover") for path in hide.covered if any(inside(path, bound) for bound in kept)]
-    for path, kind in sorted(mounts, key=lambda mount: (len(mount[0]), _RANK[mount[1]], mount[0])):
-        if kind == "home":
+        for path in layer.hidden:
+            if any(inside(path, root) for root in sandbox.roots):
+                continue  # what a writable path shows is its own, hidden there already
+            if os.path.isdir(path):
+                mounts.append((path, "cover"))
+            elif layer.kind == "overlay" and os.path.lexists(path):
+                mounts.append((path, "blank"))
+        if layer.kind == "directory":
+            _view(wrapped, layer)
+    for path, kind in sorted(set(mounts), key=lambda mount: (len(mount[0]), _RANK[mount[1]], mount[0])):
+        if kind == "home" and shut:
+            wrapped += ["--overlay-src", path, "--overlay", *(f"/proc/self/fd/{fd}" for fd in shut), path]
+        elif kind == "home":
             bind_pinned(layer.layer, path)  # type: ignore[union-attr]
-        elif kind == "home_ro":
-            if os.path.lexists(path):
-                wrapped += ["--ro-bind", path, path]  # the source is the host's, from outside the sandbox
         elif kind == "cover":
             wrapped += ["--tmpfs", path]
         elif kind == "root":
@@ -129,19 +140,34 @@ def arguments(
         elif kind == "masked":
             wrapped += ["--tmpfs", path, "--remount-ro", path]
         else:
-            # A device node on a nodev mount: it can be neither opened nor replaced.
+            # "overmounted", "blank": a device node on a nodev mount, which can be neither opened nor replaced.
             wrapped += ["--ro-bind", "/dev/null", path]
-    for directory in hide.covered:
-        # Below the home layer only what was covered again is a tmpfs still (the rest is the layer's).
-        if layer is None or not inside(directory, layer.path) or (directory, "cover") in mounts:
+    covers = {path for path, kind in mounts if kind == "cover"}
+    for directory in sorted({*hide.covered, *covers}):
+        if layer is None or directory != layer.path:  # a covered home has the layer on top: writable
             wrapped += ["--remount-ro", directory]
     wrapped += ["--chdir", cwd, *ISOLATION]
     if sandbox.network == "host":
         wrapped.append("--share-net")
+    prelude = "".join(f"exec {fd}<&-; " for fd in shut)
     if open_files:
-        argv = ["/bin/sh", "-c", f'ulimit -n {open_files} && exec "$@"', "sh", *argv]
+        prelude += f"ulimit -n {open_files} && "
+    if prelude:
+        argv = ["/bin/sh", "-c", prelude + 'exec "$@"', "sh", *argv]
     wrapped += ["--json-status-fd", str(STATUS_FD), "--", *argv]
     return Wrapped(wrapped, binds)
+
+
+def _view(wrapped: list[str], layer: home.Home) -> None:
+    """The host's home read-only at home.VIEW, for a directory layer's links, with what the sandbox hides
+    below the home hidden there too."""
+    wrapped += ["--ro-bind", layer.path, home.VIEW]
+    for path in sorted(layer.hidden, key=len):
+        seen = home.VIEW + path[len(layer.path) :]
+        if os.path.isdir(path):
+            wrapped += ["--tmpfs", seen, "--remount-ro", seen]
+        elif os.path.lexists(path):
+            wrapped += ["--ro-bind", "/dev/null", seen]
 
 
 def exit_code(status: bytes) -> int | None:
@@ -239,13 +265,9 @@ class Plan:
         tmp = tmp_directory(self.state_path, trial_id)
         home_path = self.sandbox.home_path
         if self.sandbox.home == "trial" and isinstance(home_path, str):
-            # Never copied into the layer nor bound there: what the sandbox hides below the home, and the
-            # trial's own. (A directory covered only to hide a trial file in it, the home itself, say,
-            # needs no cover under the layer: the file is simply not in the layer.)
-            kept = [os.path.realpath(path) for path in (*self.files, *hide.covered, *hide.masked, tmp.path)]
-            excluded = [path for path in kept if inside(path, home_path) and path != home_path]
+            secret = (*hide.covered, *hide.masked, *hide.overmounted, *self.files)
             try:
-                made = home.layer(self.state_path, trial_id, home_path, excluded)
+                made = home.layer(self.state_path, trial_id, home_path, self.binary, roots, secret)
             except OSError as exc:
                 msg = f"the trial's sandbox home cannot be made: {exc.strerror or exc}"
                 raise SandboxError(msg) from exc

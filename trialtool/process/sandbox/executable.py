@@ -39,6 +39,8 @@ _FALLBACK_DIRECTORIES = ("/usr/bin", "/bin")
 _WORKS: set[Binary] = set()
 #: Probes started ahead (start_probe), not yet collected: (pid, stderr's read end).
 _PENDING: dict[Binary, tuple[int, int]] = {}
+#: Whether an executable has overlay options (by its --help), asked once a process.
+_OVERLAYS: dict[Binary, bool] = {}
 _GUARD = threading.Lock()
 
 
@@ -206,28 +208,91 @@ def _spawn(binary: Binary) -> tuple[int, int]:
     # Above the descriptor it becomes: one dup'd onto itself would keep close-on-exec.
     root = fcntl.fcntl(opened, fcntl.F_DUPFD_CLOEXEC, STATUS_FD + 1)
     os.close(opened)
-    err_r, err_w = os.pipe()
     argv = [binary.path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     argv += ["--ro-bind-fd", str(STATUS_FD), "/tmp", *ISOLATION, "--", "true"]
+    try:
+        return _start(binary, argv, 2, [(os.POSIX_SPAWN_DUP2, root, STATUS_FD)])
+    finally:
+        os.close(root)
+
+
+def _start(binary: Binary, argv: list[str], captured: int, more: list[tuple[int, ...]]) -> tuple[int, int]:
+    """Start `binary` with descriptor `captured` (1 or 2) a pipe, the other two /dev/null, and `more` done:
+    (its pid, the pipe's read end), or (-1, errno) if it cannot be executed."""
+    read, write = os.pipe()
+    nulls = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_WRONLY if fd else os.O_RDONLY, 0) for fd in (0, 1, 2)]
+    actions = [action for action in nulls if action[1] != captured]
     try:
         pid = os.posix_spawn(
             binary.path,
             argv,
             {"PATH": "/usr/bin:/bin"},
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_DUP2, err_w, 2),
-                (os.POSIX_SPAWN_DUP2, root, STATUS_FD),
-            ],
+            file_actions=[*actions, (os.POSIX_SPAWN_DUP2, write, captured), *more],
         )
     except OSError as exc:
-        os.close(err_r)
+        os.close(read)
         return -1, exc.errno or 0
     finally:
-        os.close(err_w)
-        os.close(root)
-    return pid, err_r
+        os.close(write)
+    return pid, read
+
+
+def overlay_works(binary: Binary, lower: str, scratch: str) -> bool:
+    """Whether `binary` can mount an overlay of `lower` here, its writable layer in `scratch` (made by the caller).
+
+    bwrap has overlays from 0.9; the kernel must also let a user namespace mount
+    one (Linux 5.11 and later, upper directory on a filesystem that supports it).
+    Asked once per trial, when its home layer is made (about 5 ms); the answer is
+    kept in the layer's shape, so that a trial's home never changes kind.
+    """
+    with _GUARD:
+        known = _OVERLAYS.get(binary)
+    if known is None:
+        code, said = _output(binary, [binary.path, "--help"])
+        known = code == 0 and b"--overlay-src" in said
+        with _GUARD:
+            _OVERLAYS[binary] = known
+    if not known:
+        return False
+    trying = os.path.join(scratch, f"overlay-probe-{os.getpid()}-{threading.get_ident()}")
+    try:
+        os.mkdir(trying, 0o700)
+        upper, work = os.path.join(trying, "upper"), os.path.join(trying, "work")
+        os.mkdir(upper)
+        os.mkdir(work)
+        argv = [binary.path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
+        argv += ["--overlay-src", lower, "--overlay", upper, work, "/run/home", *ISOLATION, "--", "true"]
+        return _output(binary, argv)[0] == 0
+    except OSError:
+        return False
+    finally:
+        _remove_tree(trying)
+
+
+def _output(binary: Binary, argv: list[str]) -> tuple[int, bytes]:
+    """Run `binary` to its end: (its exit status, its first 64 KiB of stdout); (-1, b"") if it cannot run."""
+    pid, out_r = _start(binary, argv, 1, [])
+    if pid < 0:
+        return -1, b""
+    said = b""
+    with os.fdopen(out_r, "rb") as stream:
+        while chunk := stream.read(1 << 16):
+            if len(said) < 1 << 16:
+                said += chunk
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), said[: 1 << 16]
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a probe's directory: the overlay leaves a work directory of mode 000 in it."""
+    import shutil
+
+    for parent, subdirectories, _ in os.walk(path):
+        for name in subdirectories:
+            try:
+                os.chmod(os.path.join(parent, name), 0o700)
+            except OSError:
+                pass
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def available(roots: tuple[str, ...], search_path: str | None = None) -> tuple[Binary | None, str | None]:
@@ -250,6 +315,7 @@ __all__ = [
     "available",
     "check_binary",
     "find",
+    "overlay_works",
     "probe",
     "probe_ahead",
     "settle",
