@@ -17,6 +17,7 @@ EXPECTED = {
     "EXIT_TIMEOUT",
     "Budget",
     "BudgetExhausted",
+    "CallRequest",
     "CallResult",
     "EncoderError",
     "Interrupted",
@@ -32,6 +33,7 @@ EXPECTED = {
     "ahandle_tool_call",
     "handle_tool_call",
     "openai_tool",
+    "read_key_file",
 }
 
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import TrialFiles, marked, wait_until
 from tests.ledger.test_ledger import check_ledger
-from trialtool import Budget, BudgetExhausted, CallResult, Trial, UsageError, tokens
+from trialtool import Budget, BudgetExhausted, CallRequest, CallResult, Trial, UsageError, tokens
 from trialtool.ledger.verify import verify
 
 
@@ -49,6 +49,25 @@ def test_argv_and_shell_string(api: Trial, trial: TrialFiles) -> None:
     assert (now.calls_used, now.tokens_used) == (2, second.budget.tokens_used)
     assert second.budget.seconds_used <= now.seconds_used <= later.seconds_used  # the trial clock only advances
     assert verify(trial.state, trial.log).ok
+
+
+def test_a_request_is_checked_once_and_carried_whole(api: Trial, tmp_path: Path) -> None:
+    """CallRequest.of checks every option where the call enters; Trial.call runs it as run would."""
+    request = CallRequest.of(
+        "cat; echo $GREETING; pwd >&2", cwd=tmp_path, env={"GREETING": "hi"}, input="piped\n", merge_output=True
+    )
+    assert request.argv == ("/bin/sh", "-c", "cat; echo $GREETING; pwd >&2") and request.stdin == b"piped\n"
+    with pytest.raises(TypeError):
+        request.env["GREETING"] = "changed"  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        request.cwd = "/"  # type: ignore[misc]
+    result = api.call(request)
+    assert (result.exit_code, result.stdout, result.stderr) == (0, f"piped\nhi\n{tmp_path}\n", "")
+    assert result.record["stdin_bytes"] == 6 and result.record["merged_output"] is True
+    for bad in ({"timeout": 0}, {"env": {"A=B": "x"}}, {"cwd": tmp_path / "missing"}, {"reply": "xml"}):
+        with pytest.raises(UsageError):
+            CallRequest.of("true", **bad)  # type: ignore[arg-type]
+    assert api.budget().calls_used == 1
 
 
 def test_budget_and_open(trial: TrialFiles) -> None:
@@ -241,8 +260,10 @@ def test_threads_keep_the_ledger_exact(
 
 INTERRUPTED_HARNESS = textwrap.dedent(
     """
-    import os, sys
+    import os, signal, sys
     from trialtool import Trial
+    # Ctrl-C raises KeyboardInterrupt even when this test runs where SIGINT is ignored (a background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     trial = Trial(sys.argv[1], sys.argv[2])
     print("running", flush=True)
     try:

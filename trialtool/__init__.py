@@ -1,7 +1,7 @@
 """trialtool: run an agent's tool calls within a trial's exact budgets of calls, tokens and time.
 
-The typed API is `Trial`, `Limits`, `CallResult`, `Budget` and the exception
-tree rooted in `TrialToolError`; `openai_tool` and `handle_tool_call` wire a
+The typed API is `Trial`, `CallRequest`, `Limits`, `CallResult`, `Budget`,
+`read_key_file` and the exception tree rooted in `TrialToolError`; `openai_tool` and `handle_tool_call` wire a
 trial into OpenAI-style function calling. Importing the package has no side
 effects and imports neither tiktoken nor psutil.
 """
@@ -35,15 +35,18 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .budget import Budget
-    from .callresult import CallResult
+    from .call import CallRequest, CallResult
     from .doors.openai_tools import ahandle_tool_call, handle_tool_call, openai_tool
+    from .ledger.keys import read_key_file
     from .limits import Limits
     from .trial import Trial
 
 _LAZY = {
     "Budget": "budget",
     "Limits": "limits",
-    "CallResult": "callresult",
+    "CallResult": "call",
+    "CallRequest": "call",
+    "read_key_file": "ledger.keys",
     "Trial": "trial",
     "openai_tool": "doors.openai_tools",
     "handle_tool_call": "doors.openai_tools",
@@ -71,6 +74,7 @@ __all__ = [
     "EXIT_TIMEOUT",
     "Budget",
     "BudgetExhausted",
+    "CallRequest",
     "CallResult",
     "EncoderError",
     "Interrupted",
@@ -86,4 +90,5 @@ __all__ = [
     "ahandle_tool_call",
     "handle_tool_call",
     "openai_tool",
+    "read_key_file",
 ]

@@ -17,9 +17,7 @@ import json
 from typing import Any
 
 from . import clipping
-
-#: The reply kinds a call may name (`Trial.run(reply=...)`), and the record's `reply` field.
-REPLIES = ("text", "json-rpc")
+from .call import REPLIES  # the reply kinds a call may name, and the record's `reply` field
 
 
 def deliver_json_rpc(

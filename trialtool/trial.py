@@ -13,13 +13,13 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
 from . import budget, tokens, verdict
 from .budget import Budget
-from .callresult import CallResult, Interrupt, checked_input, checked_request, command_argv
+from .call import CallRequest, CallResult, Command, Interrupt, current_directory
 from .delivery import deliver
 from .errors import EXIT_NOT_FOUND, Interrupted, StateError, StorageError, TrialToolError, UsageError
 from .ledger import clock, fsio, liveness, records
@@ -31,11 +31,9 @@ from .process import environment
 from .process import sandbox as seam
 from .process.forkserver import ForkServer
 from .process.launcher import Launcher
+from .process.orders import Spec
 from .process.outcome import Outcome
-from .replies import REPLIES
 from .sandbox import Pin, Sandbox
-
-Command = list[str] | tuple[str, ...] | str
 
 
 def stop_leftovers(supervisor: int, token: str | None) -> int:
@@ -201,85 +199,44 @@ class Trial:
             tokens.verified(path, recheck=True)
             state.rank_file = seen
 
-    def run(
-        self,
-        command: Command,
-        *,
-        cwd: str | os.PathLike[str] | None = None,
-        env: dict[str, str] | None = None,
-        timeout: float | None = None,
-        unset_env: tuple[str, ...] = (),
-        clean_env: bool = False,
-        interrupt: Interrupt | None = None,
-        environ: Mapping[str, str] | None = None,
-        umask: int | None = None,
-        rlimits: Sequence[tuple[int, int, int]] | None = None,
-        input: bytes | str | None = None,  # subprocess.run's name for it
-        merge_output: bool = False,
-        read_only: Sequence[str | os.PathLike[str]] = (),
-        caller_imports: Sequence[str] = (),
-        grading: bool = False,
-        reply: str = "text",
-    ) -> CallResult:
+    def run(self, command: Command, *, interrupt: Interrupt | None = None, **options: Any) -> CallResult:
         """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
-        `command` is an argv list, or a string run by /bin/sh -c. `cwd` defaults to
-        the caller's working directory at the time of the call. `env` adds or
-        replaces variables, `unset_env` removes them, `clean_env` starts from a
-        minimal set; TRIALTOOL_* variables never reach the command. `timeout`
-        (seconds) shortens this call's deadline below the trial's `call_timeout`,
-        never lengthens it. `interrupt` stops the command when it fires (status
-        `interrupted`). `environ`, `umask` and `rlimits` ((resource, soft, hard)
-        rows) stand in for this process's own when the call is made on behalf of
-        another process (the per-user server's callers). `input` (a str is sent
-        as UTF-8) is the command's standard input, at most the trial's
-        `max_stdin_bytes`; without it, stdin is /dev/null. `merge_output` gives
-        the command one pipe for stdout and stderr, so the text reads in the
-        order written; it is all delivered as stdout. `read_only` names paths inside
-        the writable ones that a sandboxed command may not change (bound read-only,
-        the way to each held): files the harness itself runs or reads afterwards.
-        `caller_imports` (the interpreter, prefixes and import path of the process the
-        call is made for, with `environ`) are kept from the command like trial-tool's own.
-        `grading`: the harness's own command, run to grade the agent's work (a scorer's
-        test run) in the same sandbox and workspace: never refused, never charged, all
-        of its output delivered, and recorded as a grading record outside the agent's
-        counters (sequence 0 in the result). `reply` "json-rpc": the command answers a
-        program (a harness's tool) with one JSON-RPC response; the text inside it is
-        clipped and charged, and the envelope stays valid JSON (replies.py).
+        `command` is an argv list, or a string run by /bin/sh -c; `options` are
+        CallRequest.of's (`cwd`, `env`, `unset_env`, `clean_env`, `timeout`,
+        `input`, `merge_output`, `environ`, `umask`, `rlimits`, `read_only`,
+        `caller_imports`, `grading`, `reply`: call.py says what each does).
+        TRIALTOOL_* variables never reach the command. `interrupt` stops the
+        command when it fires (status `interrupted`).
         """
-        argv = command_argv(command)
-        stdin = checked_input(input)
-        if reply not in REPLIES:
-            raise UsageError(f"reply must be one of {', '.join(REPLIES)}, not {reply!r}")
+        return self.call(CallRequest.of(command, **options), interrupt=interrupt)
+
+    def call(self, request: CallRequest, *, interrupt: Interrupt | None = None) -> CallResult:
+        """Run the call `request` asks for; as `run`.
+
+        A `grading` request is the harness's own command, run to grade the agent's
+        work (a scorer's test run) in the same sandbox and workspace: never refused,
+        never charged, all of its output delivered, and recorded as a grading record
+        outside the agent's counters (sequence 0 in the result). A "json-rpc" reply
+        is one JSON-RPC response to a program (a harness's tool): the text inside it
+        is clipped and charged, and the envelope stays valid JSON (replies.py).
+        """
         with self._guard:
             ready, self._ready = self._ready, None
         # The fork server's supervisors do not share our working directory: a call through
         # it names one; a supervisor forked by the caller (the CLI's) runs where it is.
-        cwd = checked_request(timeout=timeout, cwd=cwd, env=env, default_cwd=ready is None)
-        command_env = environment.build(base=environ, clean=clean_env, set_vars=env, unset=unset_env)
+        if request.cwd is None and ready is None:
+            request = request._replace(cwd=current_directory())
+        # Built (and a TRIALTOOL_* variable refused) before anything is charged.
+        env = environment.build(
+            base=request.environ, clean=request.clean_env, set_vars=request.env, unset=request.unset_env
+        )
         self.ledger.directories()
         # The supervisor is forked first and gets ready while the call is reserved.
         with nullcontext(ready) if ready is not None else Launcher(self.ledger.directory, self._server()) as launcher:
-            outcome, reservation, started_wall, sandboxed = self._reserve_and_run(
-                argv,
-                timeout,
-                interrupt,
-                launcher,
-                environ,
-                [os.path.realpath(path) for path in read_only],
-                tuple(caller_imports),
-                grading,
-                cwd=cwd,
-                env=command_env,
-                umask=umask,
-                rlimits=None if rlimits is None else [list(row) for row in rlimits],
-                stdin=stdin,
-                merge_output=bool(merge_output),
-            )
+            outcome, reservation, started_wall, sandboxed = self._reserve_and_run(request, env, interrupt, launcher)
         try:
-            return self._finish(
-                reservation, argv, outcome, started_wall, interrupt, stdin, bool(merge_output), reply, sandboxed
-            )
+            return self._finish(reservation, request, outcome, started_wall, interrupt, sandboxed)
         except BaseException:
             # Not committed (a disk error, say): the call stays charged, and the next
             # reservation, in this process or another, records it as abandoned.
@@ -299,16 +256,7 @@ class Trial:
             return self._forkserver
 
     def _reserve_and_run(
-        self,
-        argv: list[str],
-        timeout: float | None,
-        interrupt: Interrupt | None,
-        launcher: Launcher,
-        environ: Mapping[str, str] | None,
-        read_only: list[str],
-        caller: tuple[str, ...],
-        grading: bool,
-        **spawn: Any,
+        self, request: CallRequest, env: dict[str, str], interrupt: Interrupt | None, launcher: Launcher
     ) -> tuple[Outcome, Reservation, float, bool]:
         def cancelled() -> None:
             if interrupt is not None and interrupt.signum is not None:
@@ -319,7 +267,7 @@ class Trial:
         sandboxed: list[tuple[seam.Plan, Pin, seam.Layout]] = []
 
         def preflight(state: TrialState) -> None:
-            stdin = spawn["stdin"]
+            stdin = request.stdin
             if stdin is not None and len(stdin) > state.limits.max_stdin_bytes:
                 msg = (
                     f"the input is {len(stdin)} bytes, over the trial's --max-stdin-bytes "
@@ -333,8 +281,8 @@ class Trial:
                 seam.settle()
             else:
                 plan = self._plan(state.sandbox)
-                cwd = spawn["cwd"] or os.getcwd()
-                tmp, hide = plan.check(cwd, state.trial_id, environ, read_only, caller)
+                cwd = request.cwd or os.getcwd()
+                tmp, hide = plan.check(cwd, state.trial_id, request.environ, request.read_only, request.caller_imports)
                 # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
                 fsio.touch(self.ledger.log_path)
                 sandboxed.append((plan, tmp, hide))
@@ -345,10 +293,12 @@ class Trial:
         if self.overrides.get("sandbox") != "none":
             seam.probe_ahead(self.ledger.state_path)  # its few ms overlap the reservation
         overrides = self.overrides
+        environ = request.environ
         if environ is not None:
             # The caller's PATH, where a trial created now finds its sandbox (the per-user server's callers).
             overrides = {**overrides, "search_path": environ.get("PATH", ""), "home_path": environ.get("HOME", "")}
-        if grading:
+        argv = list(request.argv)
+        if request.grading:
             reservation = self.ledger.reserve_grading(overrides, argv, preflight=preflight)
         else:
             reservation = self.ledger.reserve(
@@ -359,30 +309,35 @@ class Trial:
                 cancelled=cancelled,
                 one_at_a_time=one_at_a_time,
             )
+        timeout = request.timeout
         if timeout is not None and timeout < reservation.run_seconds:
-            reservation = reservation._replace(run_seconds=float(timeout), deadline_kind="request")
+            reservation = reservation._replace(run_seconds=timeout, deadline_kind="request")
         started_wall = time.time()
         started = time.monotonic()
-        deadline = started + reservation.run_seconds
         try:
             run_argv, binds = argv, []
             if sandboxed:
                 plan, tmp, hide = sandboxed[0]
-                cwd = spawn["cwd"] or os.getcwd()
+                cwd = request.cwd or os.getcwd()
                 run_argv, pinned = plan.wrap(argv, cwd, tmp, hide, reservation.limits.max_open_files)
                 binds = [(index, *pin) for index, pin in pinned]
-            outcome = launcher.run(
+            spec = Spec(
                 run_argv,
-                started=started,
-                deadline=deadline,
-                limits=reservation.limits,
-                interrupt_fd=None if interrupt is None else interrupt.fd,
+                request.cwd,
+                env,
+                started,
+                started + reservation.run_seconds,
+                reservation.limits,
                 backend=sandboxed[0][0].sandbox.mode if sandboxed else "none",
-                binds=binds,
-                **spawn,
+                umask=request.umask,
+                caller_rlimits=request.rlimits or (),
+                stdin=request.stdin,
+                merge=request.merge_output,
+                binds=tuple(binds),
             )
+            outcome = launcher.run(spec, None if interrupt is None else interrupt.fd)
         except TrialToolError as exc:
-            fields = records.input_fields(spawn["stdin"], spawn["merge_output"])
+            fields = records.input_fields(request.stdin, request.merge_output)
             self._commit_failure(reservation, argv, started_wall, exc, fields)
             raise
         except BaseException:
@@ -425,15 +380,13 @@ class Trial:
     def _finish(
         self,
         reservation: Reservation,
-        argv: list[str],
+        request: CallRequest,
         outcome: Outcome,
         started_wall: float,
         interrupt: Interrupt | None,
-        stdin: bytes | None,
-        merged: bool,
-        reply: str = "text",
-        sandboxed: bool = False,
+        sandboxed: bool,
     ) -> CallResult:
+        argv = list(request.argv)
         judged = verdict.judge(
             outcome,
             reservation.limits,
@@ -458,8 +411,8 @@ class Trial:
             self._rank_path,
             started_wall,
             withheld=withheld,
-            call_fields=records.input_fields(stdin, merged),
-            reply=reply,
+            call_fields=records.input_fields(request.stdin, request.merge_output),
+            reply=request.reply,
         )
         if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)
             state = self.ledger.commit_grading(reservation, record)

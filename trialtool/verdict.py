@@ -16,7 +16,7 @@ from .limits import FLAG_OF
 from .osio import shown
 
 if TYPE_CHECKING:
-    from .callresult import Interrupt
+    from .call import Interrupt
     from .limits import Limits
     from .process.outcome import Outcome
 

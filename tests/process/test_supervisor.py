@@ -99,17 +99,16 @@ def test_interrupt_arriving_with_the_orders_stops_the_command(tmp_path: Path, ma
     # can arrive in the same read as the orders, and must not be lost (it once hung here).
     from trialtool.limits import Limits
     from trialtool.process.launcher import Launcher
+    from trialtool.process.orders import Spec
 
     read_end, write_end = os.pipe()
     os.write(write_end, b"\x02")  # a signal already waiting, as the wakeup pipe would hold it
     try:
         with Launcher(str(tmp_path)) as launcher:
-            outcome = launcher.run(
-                [PY, "-c", "import time; time.sleep(300)", marker],
-                deadline=time.monotonic() + 30,
-                limits=Limits(max_capture_bytes=1000, kill_grace=0.2),
-                interrupt_fd=read_end,
-            )
+            started = time.monotonic()
+            argv = [PY, "-c", "import time; time.sleep(300)", marker]
+            limits = Limits(max_capture_bytes=1000, kill_grace=0.2)
+            outcome = launcher.run(Spec(argv, None, None, started, started + 30, limits), read_end)
     finally:
         os.close(read_end)
         os.close(write_end)

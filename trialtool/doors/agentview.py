@@ -17,7 +17,7 @@ from ..errors import BudgetExhausted, TrialToolError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..callresult import CallResult
+    from ..call import CallResult
 
 
 def left(budget: Budget) -> str:

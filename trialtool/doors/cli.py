@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import StorageError, TrialToolError, UsageError
+from ..errors import TrialToolError, UsageError
 from ..osio import make_undumpable, plain
 from .options import SUBCOMMANDS, Arguments, overrides, parse, quick, split
 
@@ -30,55 +30,6 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
     from ..ledger.state import TrialState
-    from ..trial import Trial
-
-#: The ledger key, when not given by --key-file. Never passed to the command.
-KEY_ENV = "TRIALTOOL_LEDGER_KEY"
-
-
-def read_key_file(path: str, setting: str = "--key-file") -> bytes:
-    """The ledger key held in the file at `path` (a trailing newline dropped); at least 16 bytes.
-
-    `setting` names where the path came from, for the message.
-    """
-    from ..ledger.fsio import read_input
-
-    try:
-        key = read_input(path).rstrip(b"\r\n")
-    except StorageError as exc:
-        msg = f"cannot read {setting}: {exc.message}"
-        raise UsageError(msg) from exc
-    return _checked_key(key)
-
-
-def _checked_key(key: bytes) -> bytes:
-    if len(key) < 16:
-        msg = "the ledger key must be at least 16 bytes"
-        raise UsageError(msg)
-    return key
-
-
-def key_of(args: Arguments, environ: Any = os.environ) -> bytes | None:
-    """The ledger key from --key-file or the environment (`environ`, the caller's); at least 16 bytes."""
-    if args.key_file is not None:
-        return read_key_file(args.key_file)
-    value = environ.get(KEY_ENV)
-    return _checked_key(value.encode()) if value else None
-
-
-def _trial(args: Arguments) -> Trial:
-    """The Trial the flags name."""
-    from ..trial import Trial
-
-    return Trial(
-        args.state,
-        args.log,
-        limits=overrides(args),
-        lock_timeout=args.lock_timeout,
-        rank_file=getattr(args, "o200k_file", None),
-        key=key_of(args),
-        hidden_files=[args.key_file] if args.key_file is not None else [],
-    )
 
 
 def read_stdin(args: Arguments) -> bytes | None:
@@ -157,26 +108,15 @@ def _run_call(args: Arguments, tool_argv: list[str]) -> int:
             from ..process.sandbox.executable import probe_ahead
 
             probe_ahead(os.path.abspath(args.state))  # whether the pinned bwrap runs, found out while the rest loads
-        from ..process import environment
         from ..process.interrupts import InterruptWatch
         from ..trial import use_launcher
+        from .fromflags import request_of, trial_of
 
-        trial = _trial(args)
+        trial = trial_of(args)
         use_launcher(trial, launcher)
-        env = dict(environment.parse_assignment(item) for item in args.env)
+        request = request_of(args, tool_argv, stdin)
         with InterruptWatch() as interrupt:
-            result = trial.run(
-                tool_argv,
-                cwd=args.cwd,
-                env=env,
-                unset_env=tuple(args.unset_env),
-                clean_env=args.clean_env,
-                interrupt=interrupt,
-                timeout=args.timeout,
-                input=stdin,
-                merge_output=args.merge_output,
-                read_only=tuple(args.read_only),
-            )
+            result = trial.call(request, interrupt=interrupt)
     _keep_until_exit(trial)
     return userclient.write_answer({"exit": result.exit_code, "result": result.as_json()}, as_json=args.json)
 
@@ -185,7 +125,9 @@ def _serve(args: Arguments) -> int:
     make_undumpable()  # no command may open the protocol's descriptors through /proc
     if args.max_concurrent < 1:
         raise UsageError("--max-concurrent must be at least 1")
-    trial = _trial(args)
+    from .fromflags import trial_of
+
+    trial = trial_of(args)
     # The trial is made (or its limits checked) before the first request: a mismatch
     # stops the server at once. Its clock starts then, so the MCP SDK is loaded first.
     if args.command == "serve":
@@ -203,8 +145,9 @@ def _serve(args: Arguments) -> int:
 def _install_shim(args: Arguments) -> int:
     """Create (or check) the trial, then write shims that run calls of it with these flags."""
     from . import shim
+    from .fromflags import trial_of
 
-    _trial(args).open()
+    trial_of(args).open()
     # Absolute paths: the shims run from whatever directory the harness is in.
     flags = ["--state", os.path.abspath(args.state), "--log", os.path.abspath(args.log)]
     flags += ["--lock-timeout", repr(args.lock_timeout)]
@@ -277,6 +220,7 @@ def _run(argv: list[str]) -> int:
         import json
 
         from ..ledger.verify import render, verify
+        from .fromflags import key_of
         from .graders import verdict_exit
 
         report = verify(args.state, args.log, key_of(args), args.expect_head)
@@ -284,6 +228,7 @@ def _run(argv: list[str]) -> int:
         return verdict_exit(report.verdict, strict=args.strict)
     if command in ("status", "show", "report", "export"):
         from . import graders
+        from .fromflags import key_of
 
         reader: Callable[[Arguments, bytes | None], int] = getattr(graders, command)
         return reader(args, key_of(args))
@@ -295,7 +240,9 @@ def _run(argv: list[str]) -> int:
         return _serve(args)
     import json
 
-    state = _trial(args).init()
+    from .fromflags import trial_of
+
+    state = trial_of(args).init()
     print(json.dumps(describe(state), indent=2, sort_keys=True))
     return 0
 
@@ -345,4 +292,4 @@ def entry() -> NoReturn:
     exit_after(main)
 
 
-__all__ = ["describe", "entry", "exit_after", "main", "read_key_file"]
+__all__ = ["describe", "entry", "exit_after", "main"]

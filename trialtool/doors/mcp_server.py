@@ -25,7 +25,7 @@ import json
 from typing import Annotated, Any, get_type_hints
 
 from ..budget import Budget
-from ..callresult import CallResult
+from ..call import CallResult
 from ..errors import TrialToolError, UsageError
 from ..trial import Trial
 from . import agentview

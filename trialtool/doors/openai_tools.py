@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..callresult import CallResult
+from ..call import CallResult
 from ..errors import TrialToolError
 from ..trial import Trial
 from . import agentview

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from ..call import CallRequest
 from ..errors import ERROR_CODE, TrialToolError
 from ..osio import write_all
 from ..process.interrupts import Cancellation
@@ -62,8 +63,8 @@ def error_object(exc: BaseException) -> dict[str, Any]:
     return {"code": INTERNAL_ERROR, "message": f"{type(exc).__name__}: {exc}"}
 
 
-def run_arguments(params: dict[str, Any]) -> dict[str, Any]:
-    """Checked keyword arguments for Trial.run from a `run` request's params."""
+def call_request(params: dict[str, Any]) -> CallRequest:
+    """The call a `run` request's params ask for, checked (the JSON types here, the values by CallRequest)."""
     unknown = set(params) - _RUN_PARAMS
     if unknown:
         raise _BadRequest(INVALID_PARAMS, f"unknown params: {', '.join(sorted(unknown))}")
@@ -82,14 +83,7 @@ def run_arguments(params: dict[str, Any]) -> dict[str, Any]:
     merge_output = params.get("merge_output", False)
     if not isinstance(merge_output, bool):
         raise _BadRequest(INVALID_PARAMS, "params.merge_output must be true or false")
-    return {
-        "command": command,
-        "cwd": cwd,
-        "env": env,
-        "timeout": timeout,
-        "input": _input(params),
-        "merge_output": merge_output,
-    }
+    return CallRequest.of(command, cwd=cwd, env=env, timeout=timeout, input=_input(params), merge_output=merge_output)
 
 
 def _input(params: dict[str, Any]) -> bytes | str | None:
@@ -177,7 +171,7 @@ class Server:
     def _execute(self, ident: Any, method: str, params: dict[str, Any]) -> None:
         try:
             if method == "run":
-                result = self.trial.run(interrupt=self._stop, **run_arguments(params))
+                result = self.trial.call(call_request(params), interrupt=self._stop)
                 answer: dict[str, Any] = {"id": ident, "result": result.as_json()}
             elif method == "budget":
                 answer = {"id": ident, "result": self.trial.budget().as_json()}
@@ -287,4 +281,4 @@ def run(trial: Trial, *, max_concurrent: int, max_request_bytes: int) -> int:
         os.close(out_fd)
 
 
-__all__ = ["Server", "error_object", "run", "run_arguments"]
+__all__ = ["Server", "call_request", "error_object", "run"]

@@ -38,8 +38,9 @@ from typing import Any
 
 from ..errors import TrialToolError, UsageError
 from ..osio import make_undumpable
-from . import cli, world
-from .options import Arguments, overrides
+from . import world
+from .fromflags import request_of, trial_of, trial_settings
+from .options import Arguments
 from .userclient import IDLE_ENV, Frames, frame
 
 #: Longest request line: argv and environment, generously.
@@ -211,28 +212,20 @@ class Server:
         return status
 
     def _call(self, request: dict[str, Any], interrupt: RemoteInterrupt) -> dict[str, Any]:
-        from ..process import environment
-
         try:
             args = Arguments("run", request["flags"])
             trial = self._trial(args, request)
-            env = dict(environment.parse_assignment(item) for item in args.env)
-            result = trial.run(
+            call = request_of(
+                args,
                 request["command"],
-                cwd=args.cwd or request["cwd"],
-                env=env,
-                unset_env=tuple(args.unset_env),
-                clean_env=args.clean_env,
-                interrupt=interrupt,
+                request.get("stdin"),
+                cwd=request["cwd"],
                 environ=request["env"],
                 umask=request["umask"],
-                rlimits=[tuple(row) for row in request["rlimits"]],
-                timeout=args.timeout,
-                input=request.get("stdin"),
-                merge_output=args.merge_output,
-                read_only=tuple(args.read_only),
-                caller_imports=tuple(str(path) for path in request.get("imports") or ()),
+                rlimits=request["rlimits"],
+                caller_imports=[str(path) for path in request.get("imports") or ()],
             )
+            result = trial.call(call, interrupt=interrupt)
         except Exception as exc:  # reported to the caller; not a TrialToolError: the server's own failure
             error = exc if isinstance(exc, TrialToolError) else TrialToolError(f"the server failed: {exc!r}")
             return {"exit": error.exit_code, "error": error.message, "error_json": error.as_json()}
@@ -241,18 +234,10 @@ class Server:
     def _trial(self, args: Arguments, request: dict[str, Any]) -> Any:
         """The Trial for these flags, kept for the next call with the same ones (its log stays trusted)."""
         from ..process.forkserver import ForkServer
-        from ..tokens import RANK_FILE_ENV
-        from ..trial import Trial
 
-        environ = request["env"]
-        key = cli.key_of(args, environ)
-        rank_file = args.o200k_file or environ.get(RANK_FILE_ENV) or None
-        hidden = [args.key_file] if args.key_file is not None else []
-        limits = overrides(args)
-        identity = json.dumps(
-            [args.state, args.log, args.lock_timeout, rank_file, key and key.hex(), hidden, limits, request["cwd"]],
-            sort_keys=True,
-        )
+        settings = trial_settings(args, request["env"])
+        key = settings["key"]
+        identity = json.dumps({**settings, "key": key and key.hex(), "origin": request["cwd"]}, sort_keys=True)
         with self.guard:
             if self.forkserver is None:
                 self.forkserver = ForkServer()
@@ -260,16 +245,8 @@ class Server:
             if trial is None:
                 if len(self.trials) >= 256:
                     self.trials.clear()
-                trial = self.trials[identity] = Trial(
-                    args.state,
-                    args.log,
-                    limits=limits,
-                    lock_timeout=args.lock_timeout,
-                    rank_file=rank_file,
-                    key=key,
-                    hidden_files=hidden,
-                    origin=request["cwd"],
-                    fork_server=self.forkserver,
+                trial = self.trials[identity] = trial_of(
+                    args, origin=request["cwd"], fork_server=self.forkserver, settings=settings
                 )
         return trial
 

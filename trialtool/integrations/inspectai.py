@@ -53,9 +53,8 @@ from inspect_ai.util._sandbox.limits import verify_read_file_size
 from inspect_ai.util._span import SCORER_SPAN_TYPE, current_span_id
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import budget
+from .. import budget, read_key_file
 from ..doors import agentview
-from ..doors.cli import read_key_file
 from ..errors import EXIT_INTERNAL, BudgetExhausted, TrialToolError, UsageError
 from ..ledger.state import TrialState
 from ..trial import Trial

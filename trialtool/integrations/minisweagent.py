@@ -26,9 +26,9 @@ from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentCo
 from minisweagent.exceptions import LimitsExceeded, TimeExceeded
 from pydantic import Field
 
+from .. import read_key_file
 from ..budget import of as budget_of
 from ..doors import agentview
-from ..doors.cli import read_key_file
 from ..errors import BudgetExhausted, TrialToolError
 from ..trial import Trial
 

@@ -29,8 +29,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..limits import Limits
     from .forkserver import ForkServer
+    from .orders import Spec
     from .outcome import Outcome
 
 
@@ -107,68 +107,22 @@ class Launcher:
             os.close(fd)
         self.spools = None
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        deadline: float,
-        limits: Limits,
-        started: float | None = None,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        interrupt_fd: int | None = None,
-        backend: str = "none",
-        umask: int | None = None,
-        rlimits: list[list[int]] | None = None,
-        stdin: bytes | None = None,
-        merge_output: bool = False,
-        binds: list[tuple[int, str, int, int]] | None = None,
-    ) -> Outcome:
-        """Run `argv` until it exits, reaches `deadline` (monotonic), passes a limit, or is interrupted.
-
-        `started` is when the call's clock started (monotonic; default now): the
-        outcome's `elapsed` counts from it, so that it compares with the deadline.
-        `backend` names the sandbox backend `argv` is a command line of (process/sandbox/). `umask` and
-        `rlimits` ([resource, soft, hard] rows) are the caller's, for a supervisor that
-        is not its child (the per-user server's). `stdin` is fed to the command through
-        a pipe (else it reads /dev/null); `merge_output` gives it one pipe for both streams.
-        `binds` are the pinned paths the supervisor opens for bwrap (running.Spec.binds).
-        """
-        import json
-
+    def run(self, spec: Spec, interrupt_fd: int | None = None) -> Outcome:
+        """Run the call `spec` orders until its command exits, reaches the deadline, passes a limit, or is
+        interrupted (`interrupt_fd` readable)."""
+        from .orders import encode
         from .outcome import outcome
 
         assert self.spools is not None and self.pid > 0, "run() once, inside the with block"
-        # The fields of running.Spec, which only the supervisor imports (it pulls in
-        # the cgroup code, which this side never needs).
-        import time
-
-        orders = {
-            "argv": argv,
-            "cwd": cwd,
-            "env": env,
-            "started": time.monotonic() if started is None else started,
-            "deadline": deadline,
-            "limits": limits._asdict(),
-            "backend": backend,
-            "umask": umask,
-            "rlimits": rlimits,
-            "stdin_bytes": None if stdin is None else len(stdin),
-            "merge_output": merge_output,
-            "binds": binds or [],
-        }
-        # The input follows the orders' line as it is: no base64, no JSON escaping of a megabyte.
         try:
-            write_all(self._control_w, json.dumps(orders).encode() + b"\n")
-            if stdin:
-                write_all(self._control_w, stdin)
+            write_all(self._control_w, encode(spec))
         except BrokenPipeError:
             pass  # the supervisor is gone: its result (or its absence) says why
         result = self._wait(interrupt_fd)
         if "fatal" in result:
             msg = f"the call's supervisor failed: {result['fatal']}"
             raise TrialToolError(msg)
-        return outcome(result, self.spools, limits.max_capture_bytes)
+        return outcome(result, self.spools, spec.limits.max_capture_bytes)
 
     def _wait(self, interrupt_fd: int | None) -> dict[str, Any]:
         """The supervisor's result line; an interrupt on the way becomes a stop request."""

@@ -16,7 +16,7 @@ import resource
 import selectors
 import signal
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..errors import SandboxError
 from ..limits import Limits
@@ -24,6 +24,7 @@ from ..sandbox import Pin
 from . import reaper, sandbox
 from .capture import Spool
 from .cgroups import CallGroup
+from .orders import Spec
 from .sandbox import bwrap, pinned
 from .sandbox.base import Backend
 from .spawn import Child, spawn
@@ -35,34 +36,6 @@ _NOT_EXECUTABLE = frozenset(
 
 #: How often the fallback process cap counts the tree, where no pids cgroup can be made.
 _SWEEP_INTERVAL = 0.05
-
-
-class Spec(NamedTuple):
-    """Everything the supervisor needs to run one command."""
-
-    argv: list[str]
-    cwd: str | None
-    env: dict[str, str] | None
-    #: time.monotonic() values (the clock is system wide): when the call's clock started,
-    #: and when the command is stopped. The command's `elapsed` counts from the first.
-    started: float
-    deadline: float
-    #: The trial's pinned limits: the capture cap, the kill grace and the resource limits.
-    limits: Limits
-    #: The sandbox backend `argv` is a command line of (process/sandbox/): "none", or "bwrap", whose
-    #: status descriptor is read, its exit code taken from it, and its own processes spared the stop's SIGTERM.
-    backend: str = "none"
-    #: The caller's umask and resource limits ((resource, soft, hard)), when the caller is
-    #: not the process the supervisor was forked from (the per-user server's callers).
-    umask: int | None = None
-    caller_rlimits: list[tuple[int, int, int]] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
-    #: The command's standard input, fed through a pipe (None: /dev/null).
-    stdin: bytes | None = None
-    #: One pipe for stdout and stderr, read in the order written (the stderr spool stays empty).
-    merge: bool = False
-    #: Pinned paths bwrap binds from a descriptor: (index in argv of its descriptor argument,
-    #: path, device, inode). Opened and checked here, just before bwrap starts (sandbox/pinned.py).
-    binds: list[tuple[int, str, int, int]] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
 
 
 class Signals:

@@ -22,12 +22,12 @@ import signal
 import sys
 from typing import Any, NamedTuple, NoReturn
 
-from ..limits import Limits
 from ..osio import make_undumpable, prctl, write_all
 from . import reaper
 from .capture import Spool
 from .cgroups import CallGroup
-from .running import Signals, Spec, supervise
+from .orders import Spec, decode, input_size
+from .running import Signals, supervise
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -127,24 +127,10 @@ def serve_spare(call_socket: int, parent_pid: int) -> NoReturn:
 def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, ready: _Ready) -> NoReturn:
     code = 1
     try:
-        orders = _read_orders(control_fd, ready.signals)
-        if orders is None:
+        spec = _read_orders(control_fd, ready.signals)
+        if spec is None:
             ready.group.remove()
             os._exit(0)  # the call was refused or failed before it started
-        spec = Spec(
-            orders["argv"],
-            orders["cwd"],
-            orders["env"],
-            orders["started"],
-            orders["deadline"],
-            Limits(**orders["limits"]),
-            str(orders.get("backend") or "none"),
-            orders.get("umask"),
-            [tuple(row) for row in orders.get("rlimits") or ()],
-            orders.get("stdin"),
-            bool(orders.get("merge_output")),
-            [tuple(row) for row in orders.get("binds") or ()],
-        )
         cap = spec.limits.max_capture_bytes
         spools = (Spool(spool_fds[0], cap), Spool(spool_fds[1], cap))
         result = supervise(spec, spools, control_fd, ready.signals, ready.subreaper, ready.group)
@@ -168,7 +154,7 @@ def _report_and_exit(result_fd: int, result: dict[str, Any], code: int) -> NoRet
         os._exit(code)
 
 
-def _read_orders(control_fd: int, signals: Signals) -> dict[str, Any] | None:
+def _read_orders(control_fd: int, signals: Signals) -> Spec | None:
     """The Spec sent by trial-tool, or None on EOF or if trial-tool died meanwhile.
 
     The orders are one JSON line; `stdin_bytes` raw bytes of input follow it,
@@ -198,13 +184,11 @@ def _read_orders(control_fd: int, signals: Signals) -> dict[str, Any] | None:
                     end = data.index(b"\n", seen)
                     orders = json.loads(bytes(data[:end]))
                     del data[: end + 1]
-                    wanted = orders.get("stdin_bytes") or 0
+                    wanted = input_size(orders)
     assert orders is not None
-    if orders.get("stdin_bytes") is not None:
-        orders["stdin"] = bytes(data[:wanted])
     if len(data) > wanted:
         signals.stop = True
-    return orders
+    return decode(orders, bytes(data[:wanted]))
 
 
 __all__ = ["preload", "serve", "serve_spare"]

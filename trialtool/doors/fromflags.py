@@ -1,0 +1,93 @@
+"""The Trial and the CallRequest a call's flags name: one mapping, for the CLI and the per-user server alike.
+
+The CLI calls these with its own process's environment and working directory;
+the per-user server with its caller's (sent over the socket). Neither maps a
+flag to a Trial or a request by itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..call import CallRequest, Command
+from ..ledger.keys import key_from_environ, read_key_file
+from .options import Arguments, overrides
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..process.forkserver import ForkServer
+    from ..trial import Trial
+
+
+def key_of(args: Arguments, environ: Mapping[str, str] = os.environ) -> bytes | None:
+    """The ledger key from --key-file, else the environment (`environ`, the caller's)."""
+    if args.key_file is not None:
+        return read_key_file(args.key_file)
+    return key_from_environ(environ)
+
+
+def trial_settings(args: Arguments, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Trial's arguments for these flags, in the caller's `environ`: equal flags, equal settings."""
+    from ..tokens import RANK_FILE_ENV
+
+    return {
+        "state_path": args.state,
+        "log_path": args.log,
+        "limits": overrides(args),
+        "lock_timeout": args.lock_timeout,
+        "rank_file": getattr(args, "o200k_file", None) or environ.get(RANK_FILE_ENV) or None,
+        "key": key_of(args, environ),
+        "hidden_files": [args.key_file] if args.key_file is not None else [],
+    }
+
+
+def trial_of(
+    args: Arguments,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    origin: str | None = None,
+    fork_server: ForkServer | None = None,
+    settings: dict[str, Any] | None = None,
+) -> Trial:
+    """The Trial the flags name (`settings`: trial_settings's, when the caller has them already)."""
+    from ..trial import Trial
+
+    return Trial(**(settings or trial_settings(args, environ)), origin=origin, fork_server=fork_server)
+
+
+def request_of(
+    args: Arguments,
+    command: Command,
+    stdin: bytes | None,
+    *,
+    cwd: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    umask: int | None = None,
+    rlimits: Sequence[Sequence[int]] | None = None,
+    caller_imports: Sequence[str] = (),
+) -> CallRequest:
+    """The call the flags ask for, of `command` with `stdin`; the rest is the caller's, when it is not
+    this process (the per-user server's callers): its working directory, environment, umask, limits
+    and import path."""
+    from ..process import environment
+
+    return CallRequest.of(
+        command,
+        cwd=args.cwd or cwd,
+        env=dict(environment.parse_assignment(item) for item in args.env),
+        unset_env=tuple(args.unset_env),
+        clean_env=args.clean_env,
+        timeout=args.timeout,
+        input=stdin,
+        merge_output=args.merge_output,
+        read_only=tuple(args.read_only),
+        environ=environ,
+        umask=umask,
+        rlimits=rlimits,
+        caller_imports=caller_imports,
+    )
+
+
+__all__ = ["key_of", "request_of", "trial_of", "trial_settings"]
