@@ -63,7 +63,7 @@ def made_of_original(delivered: str, original: str, suffix: str = "") -> bool:
 def test_delivery_is_exact_and_within_allowance(
     encoder: Any, stdout: str, stderr: str, allowance: int, mode: str
 ) -> None:
-    out, err = clipping.deliver(encoder, stdout, stderr, allowance, mode)
+    out, err = clipping.fit(encoder, stdout, stderr, allowance, mode)
     assert out.tokens == count(encoder, out.text)
     assert err.tokens == count(encoder, err.text)
     assert out.tokens + err.tokens <= allowance
@@ -79,7 +79,7 @@ def test_output_within_allowance_passes_unchanged(
     encoder: Any, stdout: str, stderr: str, allowance: int, mode: str
 ) -> None:
     allowance += count(encoder, stdout) + count(encoder, stderr)
-    out, err = clipping.deliver(encoder, stdout, stderr, allowance, mode)
+    out, err = clipping.fit(encoder, stdout, stderr, allowance, mode)
     assert (out.text, err.text) == (stdout, stderr)
     assert not out.clipped and not err.clipped
 
@@ -87,14 +87,14 @@ def test_output_within_allowance_passes_unchanged(
 @SETTINGS
 @given(stdout=outputs, stderr=outputs, allowance=allowances)
 def test_head_mode_delivers_prefixes(encoder: Any, stdout: str, stderr: str, allowance: int) -> None:
-    out, err = clipping.deliver(encoder, stdout, stderr, allowance, "head")
+    out, err = clipping.fit(encoder, stdout, stderr, allowance, "head")
     assert stdout.startswith(out.text) and stderr.startswith(err.text)
 
 
 @SETTINGS
 @given(stdout=outputs, stderr=outputs, allowance=allowances, mode=modes)
 def test_stderr_gets_a_fair_share(encoder: Any, stdout: str, stderr: str, allowance: int, mode: str) -> None:
-    _, err = clipping.deliver(encoder, stdout, stderr, allowance, mode)
+    _, err = clipping.fit(encoder, stdout, stderr, allowance, mode)
     # stderr is never left with less than it needs when it needs at most half.
     if count(encoder, stderr) <= allowance // 2:
         assert err.text == stderr
@@ -104,7 +104,7 @@ def test_stderr_gets_a_fair_share(encoder: Any, stdout: str, stderr: str, allowa
 @given(stdout=outputs, stderr=outputs, allowance=allowances, mode=modes)
 def test_trial_tool_notice_is_counted(encoder: Any, stdout: str, stderr: str, allowance: int, mode: str) -> None:
     suffix = "\n[trial-tool: stopped at the 2 s call deadline (--call-timeout)]\n"
-    out, err = clipping.deliver(encoder, stdout, stderr, allowance, mode, suffix)
+    out, err = clipping.fit(encoder, stdout, stderr, allowance, mode, suffix)
     assert out.tokens + err.tokens <= allowance
     assert err.tokens == count(encoder, err.text)
     assert made_of_original(err.text, stderr, suffix)
@@ -112,7 +112,7 @@ def test_trial_tool_notice_is_counted(encoder: Any, stdout: str, stderr: str, al
 
 def test_headtail_keeps_both_ends_and_says_how_much_was_cut(encoder: Any) -> None:
     text = "".join(f"line {n}\n" for n in range(2000))
-    out, _ = clipping.deliver(encoder, text, "", 200, "headtail")
+    out, _ = clipping.fit(encoder, text, "", 200, "headtail")
     assert out.clipped and out.tokens <= 200
     assert out.text.startswith("line 0\n") and out.text.endswith("line 1999\n")
     match = NOTICE.search(out.text)
@@ -124,13 +124,13 @@ def test_cut_never_splits_a_character(encoder: Any) -> None:
     text = "😀🎉日本語👨\u200d👩\u200d👧" * 40
     for allowance in range(1, 60):
         for mode in ("head", "headtail"):
-            out, _ = clipping.deliver(encoder, text, "", allowance, mode)
+            out, _ = clipping.fit(encoder, text, "", allowance, mode)
             assert "\ufffd" not in out.text
             assert made_of_original(out.text, text)
 
 
 def test_special_token_text_is_ordinary_text(encoder: Any) -> None:
-    out, _ = clipping.deliver(encoder, "<|endoftext|>", "", 100)
+    out, _ = clipping.fit(encoder, "<|endoftext|>", "", 100)
     assert out.text == "<|endoftext|>"
     assert out.tokens == len(encoder.encode_ordinary("<|endoftext|>")) > 1
 
@@ -166,12 +166,12 @@ def test_windows_of_captured_bytes_decode_as_the_whole(data: bytes, cut: bool, w
 def test_windowed_delivery_is_the_whole_texts_delivery(
     encoder: Any, stdout: str, stderr: str, allowance: int, mode: str, window: int
 ) -> None:
-    whole = clipping.deliver(encoder, stdout, stderr, allowance, mode, "[trial-tool: x]\n")
+    whole = clipping.fit(encoder, stdout, stderr, allowance, mode, "[trial-tool: x]\n")
     saved = clipping.CHUNK
     clipping.CHUNK = window  # module state: restored below, and Hypothesis runs examples one at a time
     try:
-        windowed = clipping.deliver(encoder, stdout, stderr, allowance, mode, "[trial-tool: x]\n")
-        captured = clipping.deliver(
+        windowed = clipping.fit(encoder, stdout, stderr, allowance, mode, "[trial-tool: x]\n")
+        captured = clipping.fit(
             encoder,
             clipping.Captured(stdout.encode()),
             clipping.Captured(stderr.encode()),

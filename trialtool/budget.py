@@ -1,4 +1,5 @@
-"""`Budget`: what a trial has used and has left, as the harness and the agent are told it."""
+"""`Budget`: what a trial has used and has left, as the harness and the agent are told it; and the one rule
+for when a budget is spent (`spent`, `refusal`), which the ledger, `Budget.exhausted` and the graders' view use."""
 
 from __future__ import annotations
 
@@ -29,10 +30,48 @@ class Budget(NamedTuple):
     @property
     def exhausted(self) -> bool:
         """True when the next call would be refused (no calls, tokens or time left)."""
-        return self.calls_left <= 0 or self.tokens_left <= 0 or self.seconds_left <= 0
+        return spent(self.calls_left, self.tokens_left, self.seconds_left) is not None
 
     def as_json(self) -> dict[str, Any]:
         return {**self._asdict(), "exhausted": self.exhausted}
+
+
+#: Each budget by the name `ended_by` gives it: the status of a call refused because it is spent, and its limit.
+BUDGETS = {
+    "calls": ("maximum_tool_calls", "max_calls"),
+    "tokens": ("maximum_emitted_tokens", "max_tokens"),
+    "time": ("task_timeout_seconds", "trial_timeout"),
+}
+#: The budget a refusal status names.
+BUDGET_OF = {status: name for name, (status, _) in BUDGETS.items()}
+
+
+def spent(calls_left: float, tokens_left: float, seconds_left: float) -> str | None:
+    """The budget spent ("calls", "tokens", "time", asked in that order) from what is left of each, or None.
+
+    A budget is spent when nothing of it is left: the next call is refused.
+    """
+    for name, left in (("calls", calls_left), ("tokens", tokens_left), ("time", seconds_left)):
+        if left <= 0:
+            return name
+    return None
+
+
+def refusal(limits: Limits, calls: int, tokens: int, seconds: float) -> tuple[str, str] | None:
+    """(the refusal status, why) for a trial that has used `calls`, `tokens` and `seconds`, or None."""
+    from .limits import FLAG_OF
+    from .osio import plain
+
+    name = spent(limits.max_calls - calls, limits.max_tokens - tokens, limits.trial_timeout - seconds)
+    if name is None:
+        return None
+    status, limit = BUDGETS[name]
+    why = {
+        "calls": f"all {limits.max_calls} calls are spent",
+        "tokens": f"all {limits.max_tokens} delivered tokens are spent",
+        "time": f"the trial's {plain(limits.trial_timeout)} s are spent",
+    }
+    return status, f"{why[name]} ({FLAG_OF[limit]})"
 
 
 def of(state: TrialState) -> Budget:
@@ -57,4 +96,4 @@ def fresh(limits: Limits) -> Budget:
     return Budget(0, int(limits.max_calls), 0, int(limits.max_tokens), 0.0, float(limits.trial_timeout), 0, 0)
 
 
-__all__ = ["Budget", "fresh", "of"]
+__all__ = ["BUDGETS", "BUDGET_OF", "Budget", "fresh", "of", "refusal", "spent"]

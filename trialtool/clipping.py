@@ -221,7 +221,7 @@ def _deliver_one(encoder: Encoder, stream: _Stream, budget: int, mode: str, suff
     return StreamDelivery(text, used, observed, True)
 
 
-def deliver(
+def fit(
     encoder: Encoder,
     stdout: str | Captured,
     stderr: str | Captured,
@@ -257,4 +257,4 @@ def deliver(
     return delivered_out, delivered_err
 
 
-__all__ = ["CHUNK", "Captured", "StreamDelivery", "deliver", "notice", "pieces"]
+__all__ = ["CHUNK", "Captured", "StreamDelivery", "fit", "notice", "pieces"]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import clipping, replies, tokens
 from .ledger import clock, records
+from .verdict import after_delivery
 
 if TYPE_CHECKING:
     from .ledger.ledger import Reservation
@@ -83,7 +84,7 @@ def deliver(
         pair = None
         if reply == "json-rpc":
             pair = replies.deliver_json_rpc(encoder, stdout, stderr, reservation.allowance, limits.clip, notice)
-        out, err = pair or clipping.deliver(encoder, stdout, stderr, reservation.allowance, limits.clip, notice)
+        out, err = pair or clipping.fit(encoder, stdout, stderr, reservation.allowance, limits.clip, notice)
     else:
         # Nothing printed: nothing to count, and the encoder is never built.
         out = err = clipping.StreamDelivery("", 0, 0, False)
@@ -91,8 +92,7 @@ def deliver(
         out = out._replace(text="", tokens=0, clipped=False)
         err = err._replace(text="", tokens=0, clipped=False)
     clipped = out.clipped or err.clipped
-    if clipped and status == "ok":
-        status = "truncated"
+    status = after_delivery(status, clipped)
     ran_to_end = outcome.ended == "exited"
     # One field a line, in the order docs/records.md lists them: a long literal, not logic.
     record = records.call(

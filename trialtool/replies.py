@@ -44,7 +44,7 @@ def deliver_json_rpc(
         holder, key = response["error"], "message"
     else:
         return None
-    inner, err = clipping.deliver(encoder, holder[key], stderr, allowance, mode, notice)
+    inner, err = clipping.fit(encoder, holder[key], stderr, allowance, mode, notice)
     holder[key] = inner.text
     # The envelope is the transport's, not the model's: its tokens are not the agent's to pay.
     return inner._replace(text=json.dumps(response, ensure_ascii=False)), err

@@ -24,7 +24,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from .errors import EncoderError, StorageError
-from .ledger import fsio
+from .ledger import durable
 
 if TYPE_CHECKING:
     import tiktoken
@@ -88,7 +88,7 @@ def seed_tiktoken_cache(directory: str | os.PathLike[str] | None = None) -> str:
     except OSError:
         pass
     source = locate()
-    data = fsio.read_input(source)
+    data = durable.read_input(source)
     if hashlib.sha256(data).hexdigest() != EXPECTED_SHA256:
         msg = f"o200k_base rank file {source} does not have the official hash; {_FIX}"
         raise EncoderError(msg)
@@ -120,13 +120,13 @@ def locate(rank_file: str | os.PathLike[str] | None = None) -> str:
 
 
 def stamp(path: str) -> list[int]:
-    """What changes whenever the file's bytes do (fsio.stamp); EncoderError if the file is gone.
+    """What changes whenever the file's bytes do (durable.stamp); EncoderError if the file is gone.
 
     ctime cannot be set back by an unprivileged process, so a file verified once
     and showing the same stamp later has the same bytes; trial.py keeps the stamp
     in the state to skip re-hashing the file on every call.
     """
-    found = fsio.stamp(path)
+    found = durable.stamp(path)
     if found is None:
         msg = f"cannot stat o200k_base rank file {path}; {_FIX}"
         raise EncoderError(msg)
@@ -139,7 +139,7 @@ class RankFile:
     def __init__(self, path: str) -> None:
         self.path = path
         try:
-            self._data = fsio.read_input(path)
+            self._data = durable.read_input(path)
         except StorageError as exc:
             msg = f"cannot read o200k_base rank file: {exc.message}; {_FIX}"
             raise EncoderError(msg) from exc

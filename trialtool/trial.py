@@ -22,7 +22,7 @@ from .budget import Budget
 from .call import CallRequest, CallResult, Command, Interrupt, current_directory
 from .delivery import deliver
 from .errors import EXIT_NOT_FOUND, Interrupted, StateError, StorageError, TrialToolError, UsageError
-from .ledger import clock, fsio, liveness, records
+from .ledger import clock, durable, liveness, records
 from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .ledger.state import TrialState
 from .limits import from_overrides
@@ -284,7 +284,7 @@ class Trial:
                 cwd = request.cwd or os.getcwd()
                 tmp, hide = plan.check(cwd, state.trial_id, request.environ, request.read_only, request.caller_imports)
                 # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
-                fsio.touch(self.ledger.log_path)
+                durable.touch(self.ledger.log_path)
                 sandboxed.append((plan, tmp, hide))
 
         def one_at_a_time(state: TrialState) -> bool:

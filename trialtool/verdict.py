@@ -101,6 +101,11 @@ _OWN_IN_SANDBOX = ("/tmp/", "/var/tmp/", "/dev/shm/")
 _PATHS = re.compile(r"(?:/tmp|/var/tmp|/dev/shm)/[^\s:'\"`]+")
 
 
+def after_delivery(status: str, clipped: bool) -> str:
+    """The call's status once its output is delivered: "truncated" when an "ok" call's text was clipped."""
+    return "truncated" if clipped and status == "ok" else status
+
+
 def hidden_path_notice(argv: list[str], stderr: bytes, exists: Callable[[str], bool]) -> str:
     """A sandboxed command not found (127): a line naming the host path it ran into that the sandbox hides.
 
@@ -120,4 +125,4 @@ def hidden_path_notice(argv: list[str], stderr: bytes, exists: Callable[[str], b
     return ""
 
 
-__all__ = ["hidden_path_notice", "judge"]
+__all__ = ["after_delivery", "hidden_path_notice", "judge"]

@@ -23,7 +23,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from tests.conftest import TrialFiles, marked, wait_until
 from trialtool import BudgetExhausted, StorageError, Trial
-from trialtool.ledger import clock, fsio, liveness
+from trialtool.ledger import clock, durable, liveness
 from trialtool.ledger.ledger import Ledger
 from trialtool.ledger.verify import verify
 
@@ -130,7 +130,7 @@ def test_fsync_error_fails_closed_and_is_not_retried(
             raise OSError(errno.EIO, "Input/output error")
         real_fsync(fd)
 
-    monkeypatch.setattr(fsio.os, "fsync", fsync)
+    monkeypatch.setattr(durable.os, "fsync", fsync)
     if failing_call < 3:
         with pytest.raises(StorageError, match="Input/output error"):
             api.run(["echo", "second"])
@@ -138,7 +138,7 @@ def test_fsync_error_fails_closed_and_is_not_retried(
         # The record reached the disk before the state failed: the record is the truth, so
         # the call is delivered as recorded (never failed while its record says delivered).
         assert api.run(["echo", "second"]).stdout == "second\n"
-    monkeypatch.setattr(fsio.os, "fsync", real_fsync)
+    monkeypatch.setattr(durable.os, "fsync", real_fsync)
     assert calls["failed"] == 1
     # Old or new, never mixed: whatever was left, the next call mends it and verify agrees.
     api.run(["echo", "third"])

@@ -180,11 +180,11 @@ def test_summaries_of_one_moment_in_threads(files: TrialFiles) -> None:
 def test_a_commit_between_the_reads_is_not_taken_for_damage(files: TrialFiles, monkeypatch: pytest.MonkeyPatch) -> None:
     """A call committed just after the log was read: the snapshot reads again rather than pair old log, new state."""
     from trialtool import Trial
-    from trialtool.ledger import fsio, snapshot
+    from trialtool.ledger import durable, snapshot
     from trialtool.ledger.verify import check
 
     make_trial(files.state, files.log, ["echo one"])
-    real_read = fsio.read_bytes
+    real_read = durable.read_bytes
     fired: list[bool] = []
 
     def read_then_commit(path: str, **options: bool) -> bytes | None:
@@ -195,7 +195,7 @@ def test_a_commit_between_the_reads_is_not_taken_for_damage(files: TrialFiles, m
                 trial.run(["echo", "two"])
         return data
 
-    monkeypatch.setattr(fsio, "read_bytes", read_then_commit)
+    monkeypatch.setattr(durable, "read_bytes", read_then_commit)
     taken = snapshot.read(files.state, files.log)
     monkeypatch.undo()
     assert fired

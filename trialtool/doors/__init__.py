@@ -3,5 +3,5 @@
 The CLI (cli.py), the JSON-lines server (serve.py), the MCP server
 (mcp_server.py), OpenAI-style function calling (openai_tools.py) and the shell
 shim (shim.py, shimcall.py) all call the typed API in `trialtool.trial`; what
-an agent reads back is agentview.py. Doors decide nothing about budgets.
+an agent reads back is toolreply.py. Doors decide nothing about budgets.
 """

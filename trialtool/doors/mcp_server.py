@@ -4,12 +4,12 @@ Built on the official MCP Python SDK, 2.x (`MCPServer`; the 1.x `FastMCP` API
 differs), an optional extra: `pip install 'trialtool[mcp]'`. Two tools:
 
 - `run_shell(command, cwd=None)`: one budgeted call of `/bin/sh -c command`.
-  Its content is what agentview.py describes (the delivered stdout, the
+  Its content is what toolreply.py describes (the delivered stdout, the
   delivered stderr, then a framing line with the exit code, status and budget
   left); its structured content is the whole result as JSON, described by the
   tool's output schema. A call refused because a budget is spent, or that
   trial-tool could not run, is a tool error (`is_error`) whose text is
-  agentview's refusal line as it stands: returned, not raised, so the SDK
+  toolreply's refusal line as it stands: returned, not raised, so the SDK
   neither prefixes it ("Error executing tool ...") nor logs it.
 - `budget()`: calls, tokens and seconds used and left.
 
@@ -28,7 +28,7 @@ from ..budget import Budget
 from ..call import CallResult
 from ..errors import TrialToolError, UsageError
 from ..trial import Trial
-from . import agentview
+from . import toolreply
 
 INSTRUCTIONS = (
     "Every run_shell call is charged to this trial's budget of calls, output tokens and time, "
@@ -56,7 +56,7 @@ def build(trial: Trial, *, max_concurrent: int = 4) -> Any:
     ShellResult = TypedDict("ShellResult", shell_fields)  # type: ignore[misc]
 
     def refused(exc: TrialToolError) -> CallToolResult:
-        return CallToolResult(content=[TextContent(type="text", text=agentview.refusal(exc))], is_error=True)
+        return CallToolResult(content=[TextContent(type="text", text=toolreply.refusal(exc))], is_error=True)
 
     from .._version import __version__
 
@@ -77,7 +77,7 @@ def build(trial: Trial, *, max_concurrent: int = 4) -> Any:
             except TrialToolError as exc:
                 return refused(exc)
         return CallToolResult(
-            content=[TextContent(type="text", text=text) for text in agentview.blocks(result)],
+            content=[TextContent(type="text", text=text) for text in toolreply.blocks(result)],
             structured_content=result.as_json(),
         )
 

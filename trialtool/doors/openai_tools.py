@@ -17,7 +17,7 @@ from typing import Any
 from ..call import CallResult
 from ..errors import TrialToolError
 from ..trial import Trial
-from . import agentview
+from . import toolreply
 
 TOOL_NAME = "shell"
 
@@ -78,12 +78,12 @@ def parse_tool_call(tool_call: Any, name: str = TOOL_NAME) -> tuple[str, dict[st
 
 
 def tool_message(call_id: str, outcome: CallResult | str, *, parts: bool = False) -> dict[str, Any]:
-    """The `role: "tool"` message: the blocks of agentview.py, one string (or text parts with `parts`)."""
-    texts = agentview.blocks(outcome) if isinstance(outcome, CallResult) else [outcome]
+    """The `role: "tool"` message: the blocks of toolreply.py, one string (or text parts with `parts`)."""
+    texts = toolreply.blocks(outcome) if isinstance(outcome, CallResult) else [outcome]
     if parts:
         content: Any = [{"type": "text", "text": text} for text in texts]
     else:
-        content = agentview.joined(texts)
+        content = toolreply.joined(texts)
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
@@ -99,7 +99,7 @@ def handle_tool_call(trial: Trial, tool_call: Any, *, name: str = TOOL_NAME, par
     try:
         result = trial.run(parsed["command"], cwd=parsed["cwd"])
     except TrialToolError as exc:
-        return tool_message(call_id, agentview.refusal(exc), parts=parts)
+        return tool_message(call_id, toolreply.refusal(exc), parts=parts)
     return tool_message(call_id, result, parts=parts)
 
 
@@ -113,7 +113,7 @@ async def ahandle_tool_call(
     try:
         result = await trial.arun(parsed["command"], cwd=parsed["cwd"])
     except TrialToolError as exc:
-        return tool_message(call_id, agentview.refusal(exc), parts=parts)
+        return tool_message(call_id, toolreply.refusal(exc), parts=parts)
     return tool_message(call_id, result, parts=parts)
 
 

@@ -105,7 +105,7 @@ def _input(params: dict[str, Any]) -> bytes | str | None:
         raise _BadRequest(INVALID_PARAMS, "params.input_b64 must be base64") from None
 
 
-class Server:
+class JsonLinesServer:
     """Serve one trial over a pair of descriptors until EOF or a signal."""
 
     def __init__(
@@ -274,11 +274,11 @@ def run(trial: Trial, *, max_concurrent: int, max_request_bytes: int) -> int:
     out_fd = os.dup(1)
     os.dup2(2, 1)  # anything else written to fd 1 now lands on stderr, not in the protocol
     try:
-        server = Server(trial, max_concurrent=max_concurrent, max_request_bytes=max_request_bytes)
+        server = JsonLinesServer(trial, max_concurrent=max_concurrent, max_request_bytes=max_request_bytes)
         return server.serve(0, out_fd)
     finally:
         trial.close()
         os.close(out_fd)
 
 
-__all__ = ["Server", "call_request", "error_object", "run"]
+__all__ = ["JsonLinesServer", "call_request", "error_object", "run"]

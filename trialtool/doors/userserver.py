@@ -75,7 +75,7 @@ class RemoteInterrupt:
         os.close(self._write_fd)
 
 
-class Server:
+class UserServer:
     """The listening socket, the calls in progress, and the trials they use."""
 
     def __init__(self, path: str, idle: float) -> None:
@@ -337,7 +337,7 @@ def main(argv: list[str]) -> int:
     except ValueError:
         idle = DEFAULT_IDLE
     try:
-        server = Server(argv[0], idle)
+        server = UserServer(argv[0], idle)
     except OSError:
         return 1  # the callers waiting on the start lock (descriptor 3) find no server, and start one
     os.close(3)  # the start lock: callers waiting on it now connect

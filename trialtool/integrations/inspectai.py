@@ -54,7 +54,7 @@ from inspect_ai.util._span import SCORER_SPAN_TYPE, current_span_id
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import budget, read_key_file
-from ..doors import agentview
+from ..doors import toolreply
 from ..errors import EXIT_INTERNAL, BudgetExhausted, TrialToolError, UsageError
 from ..ledger.state import TrialState
 from ..trial import Trial
@@ -172,7 +172,7 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             return ExecResult(True, 0, "", "")
         if cmd[:1] == [SANDBOX_CLI] and _needs_tools_server(input):
             msg = "this tool needs inspect's tools server, which the trialtool sandbox does not run; nothing ran"
-            return ExecResult(False, EXIT_INTERNAL, "", agentview.refusal(UsageError(msg)))
+            return ExecResult(False, EXIT_INTERNAL, "", toolreply.refusal(UsageError(msg)))
         if _inspects_own(cmd):
             # inspect's own command, on its own behalf (a sample's setup, installing its
             # sandbox tools): the harness's, like read_file and write_file.
@@ -196,7 +196,7 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             if isinstance(exc, BudgetExhausted):
                 # The refusal is counted (and logged) in the trial: the account says so too.
                 await self._account_from_state()
-            return ExecResult(False, exc.exit_code, "", agentview.refusal(exc))
+            return ExecResult(False, exc.exit_code, "", toolreply.refusal(exc))
         self.account["budget"] = result.budget.as_json()
         self.account["head"] = result.head
         self._publish()

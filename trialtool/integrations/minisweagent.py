@@ -28,7 +28,7 @@ from pydantic import Field
 
 from .. import read_key_file
 from ..budget import of as budget_of
-from ..doors import agentview
+from ..doors import toolreply
 from ..errors import BudgetExhausted, TrialToolError
 from ..trial import Trial
 
@@ -96,16 +96,16 @@ class TrialEnvironment(LocalEnvironment):
     def _observed(self, result: Any) -> dict[str, Any]:
         """mini's observation of a call that ran (checked for mini's submission, which ends the run)."""
         observation = {
-            "output": agentview.joined(agentview.output_blocks(result)),
+            "output": toolreply.joined(toolreply.output_blocks(result)),
             "returncode": result.exit_code,
-            "exception_info": "" if result.status not in _STOPPED else agentview.framing(result),
+            "exception_info": "" if result.status not in _STOPPED else toolreply.framing(result),
             "extra": {"trial_tool": _account(result.as_json())},
         }
         self._check_finished(observation)
         return observation
 
     def _not_run(self, exc: TrialToolError) -> dict[str, Any]:
-        text = agentview.refusal(exc)
+        text = toolreply.refusal(exc)
         return {
             "output": "",
             "returncode": -1,

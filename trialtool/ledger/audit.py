@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from ..errors import StateError
-from . import fsio
+from . import durable
 
 GENESIS = "0" * 64
 
@@ -96,7 +96,7 @@ def encode_parts(record: dict[str, Any]) -> Iterator[bytes]:
 def append(path: str, record: dict[str, Any], head: LogHead, chain: Chain, *, claim: bool = False) -> LogHead:
     """Chain `record` onto `head`, append it durably, and return the new head.
 
-    `claim`: the log's first record, written only if no one wrote one first (fsio.append's `only_at`).
+    `claim`: the log's first record, written only if no one wrote one first (durable.append's `only_at`).
     """
     record["prev_hash"] = head.head
     hasher = chain.hasher()
@@ -107,7 +107,7 @@ def append(path: str, record: dict[str, Any], head: LogHead, chain: Chain, *, cl
             yield part
         yield b"\n"
 
-    size = fsio.append(path, parts(), only_at=head.bytes if claim else None)
+    size = durable.append(path, parts(), only_at=head.bytes if claim else None)
     return LogHead(head.records + 1, size, hasher.hexdigest(), head.bytes)
 
 
@@ -132,7 +132,7 @@ def read_tail(path: str, head: LogHead, chain: Chain) -> Tail:
     time linear in its size (docs/performance.md): what it costs to refuse a
     doctored log on every call rather than only at `verify` time.
     """
-    data = fsio.read_bytes(path) or b""
+    data = durable.read_bytes(path) or b""
 
     def broken(what: str) -> StateError:
         return StateError(f"log {path} {what}; the trial stops here: run `trial-tool verify`")

@@ -23,11 +23,12 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from .. import budget
 from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, UsageError
 from ..limits import FLAG_OF, Limits
 from ..osio import plain, require_directory
 from ..sandbox import Available
-from . import audit, clock, fsio, liveness, records
+from . import audit, clock, durable, liveness, records
 from .locking import DEFAULT_LOCK_TIMEOUT, LedgerLock
 from .records import GRADING_ALLOWANCE
 from .state import InFlight, TrialState
@@ -109,7 +110,7 @@ class Ledger:
         """The state's and the log's directories: made if `create` (init), else StorageError if missing."""
         for directory in {self.directory, os.path.dirname(self.log_path) or "."}:
             if create:
-                fsio.ensure_directory(directory)
+                durable.ensure_directory(directory)
             else:
                 require_directory(directory)
 
@@ -173,7 +174,7 @@ class Ledger:
                     limits = state.limits
                     state.elapsed_seconds = elapsed = state.elapsed()
                     unreserved = limits.max_tokens - state.emitted_tokens - state.allowances_held()
-                    refusal = _refusal(state, elapsed)
+                    refusal = budget.refusal(limits, state.calls, state.emitted_tokens, elapsed)
                     if refusal is None and unreserved <= 0:
                         # Every unspent token is held by calls in flight: wait for them to
                         # hand back what they do not deliver, within this call's own deadline.
@@ -200,7 +201,7 @@ class Ledger:
         new = not os.path.lexists(self.state_path)
         state = self.store.open(overrides, create=True)
         # The log must take this call's record: found out now, not after the command ran.
-        fsio.preflight_append(self.log_path)
+        durable.preflight_append(self.log_path)
         if preflight is not None:
             preflight(state)
         self._claim(state, new)
@@ -269,7 +270,7 @@ class Ledger:
         # Room in the log for every call in flight's record, this one's included, taken now:
         # a command that fills the disk cannot then keep its own call from being recorded.
         bound = records.size_bound(limits.max_capture_bytes, command)
-        fsio.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
+        durable.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
         now = time.time()
         sequence = state.calls + 1
         pid, token = self.owner
@@ -315,7 +316,7 @@ class Ledger:
             state = self._ready(overrides, preflight)
             limits = state.limits
             bound = records.size_bound(limits.max_capture_bytes, command)
-            fsio.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
+            durable.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
             return Reservation(
                 trial_id=state.trial_id,
                 sequence=0,
@@ -338,7 +339,7 @@ class Ledger:
             record["wall_elapsed_seconds"] = state.elapsed_seconds
             self.store.append(state, records.grading(record))
             if not state.in_flight:
-                fsio.release_tail(self.log_path)
+                durable.release_tail(self.log_path)
             try:
                 self.store.write(state)
             except StorageError:
@@ -364,7 +365,7 @@ class Ledger:
             state.emitted_tokens += delivered
             self.store.append(state, record)
             if not state.in_flight:
-                fsio.release_tail(self.log_path)  # no call in flight needs the room reserved for its record
+                durable.release_tail(self.log_path)  # no call in flight needs the room reserved for its record
             try:
                 self.store.write(state)
             except StorageError:
@@ -398,22 +399,7 @@ class Ledger:
             self.store.append(state, record)
             self.store.write(state)
             if not state.in_flight:
-                fsio.release_tail(self.log_path)
-
-
-def _refusal(state: TrialState, elapsed: float) -> tuple[str, str] | None:
-    """The refusal status and reason when a budget is spent, else None."""
-    limits = state.limits
-    if state.calls >= limits.max_calls:
-        return "maximum_tool_calls", f"all {limits.max_calls} calls are spent ({FLAG_OF['max_calls']})"
-    if state.emitted_tokens >= limits.max_tokens:
-        return "maximum_emitted_tokens", f"all {limits.max_tokens} delivered tokens are spent ({FLAG_OF['max_tokens']})"
-    if elapsed >= limits.trial_timeout:
-        return (
-            "task_timeout_seconds",
-            f"the trial's {plain(limits.trial_timeout)} s are spent ({FLAG_OF['trial_timeout']})",
-        )
-    return None
+                durable.release_tail(self.log_path)
 
 
 __all__ = ["DEFAULT_LOCK_TIMEOUT", "GRADING_ALLOWANCE", "Ledger", "Reservation", "StopLeftovers"]

@@ -20,6 +20,7 @@ import base64
 import hashlib
 from typing import Any, NamedTuple
 
+from ..budget import BUDGETS
 from ..osio import os_bytes, shown
 
 RECORD_TYPE = "trial_tool_call"
@@ -35,8 +36,8 @@ RECORD_VERSION = 1
 #: Tokens a grading command may deliver: all it printed (the harness reads it, not the agent).
 GRADING_ALLOWANCE = 1 << 40
 
-#: Statuses of calls refused before running.
-REFUSED = ("maximum_tool_calls", "maximum_emitted_tokens", "task_timeout_seconds")
+#: Statuses of calls refused before running: a budget spent (budget.BUDGETS).
+REFUSED = tuple(status for status, _ in BUDGETS.values())
 
 
 class Totals(NamedTuple):

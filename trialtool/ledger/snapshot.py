@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from . import fsio
+from . import durable
 
 #: Reads of state, log, state before the trial is called "moving" (a writer at work the whole time).
 _ATTEMPTS = 5
@@ -35,10 +35,10 @@ class Snapshot(NamedTuple):
 def read(state_path: str | os.PathLike[str], log_path: str | os.PathLike[str]) -> Snapshot:
     """The trial's files as they stood at one moment; StorageError if one cannot be read."""
     state_path, log_path = os.fspath(state_path), os.fspath(log_path)
-    state = fsio.read_bytes(state_path)
+    state = durable.read_bytes(state_path)
     for _ in range(_ATTEMPTS):
-        log = fsio.read_bytes(log_path) or b""
-        again = fsio.read_bytes(state_path)
+        log = durable.read_bytes(log_path) or b""
+        again = durable.read_bytes(state_path)
         if again == state:
             return Snapshot(state, log)
         state = again

@@ -22,7 +22,7 @@ from typing import Any
 from .. import sandbox
 from ..errors import StateError
 from ..limits import Limits, check_pinned, from_overrides
-from . import audit, clock, fsio, labels, mending, records
+from . import audit, clock, durable, labels, mending, records
 from .state import TrialState, check_against_log, decode, encode
 
 
@@ -42,13 +42,13 @@ class Store:
 
     def load(self) -> TrialState | None:
         """The validated state, or None when the trial does not exist yet."""
-        raw = fsio.read_bytes(self.state_path)
+        raw = durable.read_bytes(self.state_path)
         return None if raw is None else decode(raw, self.state_path, self.chain)
 
     def write(self, state: TrialState, *, sync_directory: bool = False) -> None:
         # The directory is not fsynced after a call's writes (see "Durability" in the
         # module docstring): the log is, and a state one step behind it is mended.
-        fsio.atomic_write(self.state_path, encode(state, self.chain), sync_directory=sync_directory)
+        durable.atomic_write(self.state_path, encode(state, self.chain), sync_directory=sync_directory)
 
     def append(self, state: TrialState, record: dict[str, Any], *, claim: bool = False) -> None:
         """Append `record`, bound to this trial and stating the totals of `state` (already updated for it)."""
@@ -79,7 +79,7 @@ class Store:
 
     def _trust(self, head: audit.LogHead, last: dict[str, Any] | None) -> None:
         """Remember the log as this process last wrote or checked it, stamp and all."""
-        stamp = fsio.stamp(self.log_path)
+        stamp = durable.stamp(self.log_path)
         summary = None if last is None else {"trial_id": last.get("trial_id"), "ledger_after": last.get("ledger_after")}
         self._trusted = None if stamp is None else (stamp, head, summary)
 
@@ -92,7 +92,7 @@ class Store:
         log touched by anyone else in between, gets the full walk.
         """
         trusted = self._trusted
-        if trusted is not None and trusted[1] == head and trusted[0] == fsio.stamp(self.log_path):
+        if trusted is not None and trusted[1] == head and trusted[0] == durable.stamp(self.log_path):
             return audit.Tail(trusted[2], b"")
         tail = audit.read_tail(self.log_path, head, self.chain)
         if not tail.extra:
@@ -103,7 +103,7 @@ class Store:
         self, limits: Limits, pinned: sandbox.Sandbox = sandbox.UNSANDBOXED, given: dict[str, str] | None = None
     ) -> TrialState:
         """A new trial's state, refused over a log that already has records (or is not a plain file)."""
-        fsio.check_regular(self.log_path)
+        durable.check_regular(self.log_path)
         if os.path.exists(self.log_path) and os.path.getsize(self.log_path) > 0:
             msg = (
                 f"log {self.log_path} already has records but there is no state {self.state_path}: "
@@ -139,7 +139,7 @@ class Store:
         complete, _, torn = extra.rpartition(b"\n")
         if not complete and torn:
             # A torn append: the writer died mid-line. Cut it off and say so in the log.
-            fsio.truncate(self.log_path, state.log.bytes)
+            durable.truncate(self.log_path, state.log.bytes)
             record = records.repair(state.trial_id, torn, clock.utc(time.time()))
             self.append(state, record)
             self.write(state, sync_directory=True)

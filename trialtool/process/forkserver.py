@@ -61,7 +61,7 @@ class ForkServer:
         # path is appended (never prepended: that could shadow the standard library).
         code = (
             "import sys; sys.argv[1] in sys.path or sys.path.append(sys.argv[1]); "
-            "from trialtool.process.forkserver import serve; serve(int(sys.argv[2]))"
+            "from trialtool.process.forkserver import main; main(int(sys.argv[2]))"
         )
         # stdout is /dev/null: nothing it or a supervisor prints can reach the caller's
         # stdout, which may be a protocol stream (serve, mcp).
@@ -177,7 +177,7 @@ class _Server:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
             finally:
-                supervisor.serve_spare(theirs.detach(), self.pid)
+                supervisor.run_spare(theirs.detach(), self.pid)
         theirs.close()
         self.children.add(pid)
         return pid, ours
@@ -251,7 +251,7 @@ class _Server:
                 pass
 
 
-def serve(fd: int) -> None:
+def main(fd: int) -> None:
     """The server's life: hand a ready supervisor each request's descriptors, reply with its pid.
 
     One supervisor is kept ready (forked, in its cgroup) ahead of the next
@@ -269,4 +269,4 @@ def serve(fd: int) -> None:
     os._exit(0)
 
 
-__all__ = ["ForkServer", "serve"]
+__all__ = ["ForkServer", "main"]

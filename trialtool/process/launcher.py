@@ -84,9 +84,9 @@ class Launcher:
         if self.pid == 0:  # the supervisor
             os.close(self._result_r)
             os.close(self._control_w)
-            from .supervisor import serve
+            from .supervisor import run_call
 
-            serve(self.spools, result_w, control_r, parent)
+            run_call(self.spools, result_w, control_r, parent)
         os.close(result_w)
         os.close(control_r)
         self._watch_fd = _pidfd(self.pid)

@@ -6,7 +6,7 @@ and to outlive trial-tool just long enough to kill the tree if trial-tool is
 SIGKILLed (its parent-death signal). It is a fork, not an exec, because a new
 interpreter would cost an interpreter's start a call: the CLI forks it before any threads
 exist; the API gets it from its fork server (forkserver.py), which keeps one
-ready (`serve_spare`).
+ready (`run_spare`).
 
 This module is its life around the call: get ready (signals, subreaper, death
 signal, cgroup), read the orders, have running.py run the command, and write
@@ -71,7 +71,7 @@ def _get_ready(parent_pid: int) -> _Ready:
     return _Ready(signals, subreaper, group)
 
 
-def serve(spool_fds: tuple[int, int], result_fd: int, control_fd: int, parent_pid: int) -> NoReturn:
+def run_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, parent_pid: int) -> NoReturn:
     """The supervisor's whole life; it reports on `result_fd` and exits, never returns.
 
     Forked before the call is reserved, it gets ready (subreaper, death signal,
@@ -86,7 +86,7 @@ def serve(spool_fds: tuple[int, int], result_fd: int, control_fd: int, parent_pi
     _serve_call(spool_fds, result_fd, control_fd, ready)
 
 
-def serve_spare(call_socket: int, parent_pid: int) -> NoReturn:
+def run_spare(call_socket: int, parent_pid: int) -> NoReturn:
     """A supervisor made ready ahead of any call (forkserver.py), then given one.
 
     Joining a cgroup is slow on some kernels (cgroup v1 waits for an RCU
@@ -191,4 +191,4 @@ def _read_orders(control_fd: int, signals: Signals) -> Spec | None:
     return decode(orders, bytes(data[:wanted]))
 
 
-__all__ = ["preload", "serve", "serve_spare"]
+__all__ = ["preload", "run_call", "run_spare"]

@@ -226,7 +226,7 @@ class Replayer:
         pair = None
         if record.get("reply") == "json-rpc":
             pair = replies.deliver_json_rpc(encoder, stdout, stderr, allowance, mode, str(notice))
-        text_out, text_err = pair or clipping.deliver(encoder, stdout, stderr, allowance, mode, str(notice))
+        text_out, text_err = pair or clipping.fit(encoder, stdout, stderr, allowance, mode, str(notice))
         return Delivered(text_out.text, text_err.text, _matches(text_out.text, text_err.text, wanted))
 
 

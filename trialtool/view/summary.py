@@ -9,6 +9,7 @@ back cheaply and every output format reads the same fields.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter
 from typing import Any
@@ -23,7 +24,6 @@ from ..limits import LATER_FIELDS, Limits
 from .calls import mapping, typed
 
 #: Which budget a refusal status speaks of.
-BUDGET_OF = {"maximum_tool_calls": "calls", "maximum_emitted_tokens": "tokens", "task_timeout_seconds": "time"}
 
 
 def records_of(log: bytes) -> list[dict[str, Any]]:
@@ -141,7 +141,7 @@ def summarize_snapshot(
         status = str(record.get("status"))
         statuses[status] += 1
         if status in REFUSED and ended_by is None:
-            ended_by = BUDGET_OF[status]
+            ended_by = budget.BUDGET_OF[status]
         if record.get("tokenizer"):
             tokenizers.add(str(record["tokenizer"]))
         started = record.get("started_at_utc") or record.get("at_utc")
@@ -156,12 +156,11 @@ def summarize_snapshot(
     calls = whole(raw.get("calls"))
     tokens = whole(raw.get("emitted_tokens"))
     seconds = typed("float", raw.get("elapsed_seconds")) or 0.0
-    if ended_by is None and limits:
-        # No refusal, but a budget used to its last unit: the agent could not have gone on.
-        if calls >= whole(limits.get("max_calls")) > 0:
-            ended_by = "calls"
-        elif tokens >= whole(limits.get("max_tokens")) > 0:
-            ended_by = "tokens"
+    caps = whole(limits.get("max_calls")), whole(limits.get("max_tokens"))
+    if ended_by is None and min(caps) > 0:
+        # No refusal, but a budget used to its last unit: the agent could not have gone on. (Time is
+        # not: the state's clock stops between calls, so a trial's time runs out only when it is asked.)
+        ended_by = budget.spent(caps[0] - calls, caps[1] - tokens, math.inf)
     log_head = mapping(raw.get("log"))
     summary = {
         "state": state_path,
@@ -252,4 +251,4 @@ def fairness_key(summary: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["BUDGET_OF", "fairness_key", "records_of", "summarize", "summarize_snapshot", "unreadable"]
+__all__ = ["fairness_key", "records_of", "summarize", "summarize_snapshot", "unreadable"]
