@@ -90,7 +90,7 @@ def median(step, n=runs * 10):
 with Trial(root / "b.json", root / "b.jsonl", limits={"sandbox": "bwrap", "workspace": str(root / "ws")}) as trial:
     trial.run(["true"])
     state = trial.status()
-    plan = trial._plan(state.sandbox)
+    plan = trial._preflight.plan(state.sandbox)
     check = lambda: plan.check(str(root / "ws"), state.trial_id)
     out["identity checks (bwrap, pins, own files, layout)"] = median(check)
 listener = socket.socket(socket.AF_UNIX)

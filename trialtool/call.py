@@ -21,7 +21,7 @@ from .osio import os_text, plain
 #: The shell that runs a command given as a string.
 SHELL = "/bin/sh"
 #: What a call's reply may be: "text" (the command's output, clipped), or "json-rpc" (a program's
-#: JSON-RPC response, clipped inside its envelope: replies.py). The record's `reply` field.
+#: JSON-RPC response, clipped inside its envelope: clipping.fit_reply). The record's `reply` field.
 REPLIES = ("text", "json-rpc")
 
 Command = list[str] | tuple[str, ...] | str

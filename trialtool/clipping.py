@@ -14,11 +14,22 @@ only the tokens of its two ends. Cutting at a token boundary and backing
 off to a character boundary can change how the cut text tokenizes (BPE is not
 prefix-stable at the edges), so every candidate is recounted, and shrunk until
 the recount fits; candidates are bounded by the allowance, not by the output.
+
+A reply a program parses is not text an agent reads (`fit_reply`). A harness's
+own tools speak JSON-RPC through a call (inspect's `text_editor` execs its
+sandbox tools with a request on stdin and parses the response on stdout).
+Clipping that stdout as text would cut the JSON, and the tool would fail on its
+own reply. What the model reads is the text inside: the response's string
+`result`, or its error's `message`. That text is clipped to the allowance (the
+clip notice inside it) and the envelope written again around it, so the reply
+stays valid JSON and the tokens charged are those of the text the model reads.
+Anything else on stdout is delivered as text, as for any call.
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 import re
 from collections import deque
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -257,4 +268,45 @@ def fit(
     return delivered_out, delivered_err
 
 
-__all__ = ["CHUNK", "Captured", "StreamDelivery", "fit", "notice", "pieces"]
+def fit_reply(
+    encoder: Encoder,
+    stdout: str | Captured,
+    stderr: str | Captured,
+    allowance: int,
+    mode: str,
+    stderr_suffix: str,
+    reply: str,
+) -> tuple[StreamDelivery, StreamDelivery]:
+    """`fit`, for a call whose reply is `reply` (call.REPLIES): "json-rpc" is clipped inside its envelope
+    when stdout is one whole JSON-RPC response of text, else delivered as text."""
+    if reply == "json-rpc" and isinstance(stdout, Captured) and not stdout.cut_at_cap:
+        fitted = _fit_json_rpc(encoder, stdout, stderr, allowance, mode, stderr_suffix)
+        if fitted is not None:
+            return fitted
+    return fit(encoder, stdout, stderr, allowance, mode, stderr_suffix)
+
+
+def _fit_json_rpc(
+    encoder: Encoder, stdout: Captured, stderr: str | Captured, allowance: int, mode: str, stderr_suffix: str
+) -> tuple[StreamDelivery, StreamDelivery] | None:
+    """The response with its text clipped inside; None when stdout is no JSON-RPC response of text."""
+    try:
+        response = json.loads(stdout.data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(response, dict) or response.get("jsonrpc") != "2.0":
+        return None
+    holder: dict[str, Any]
+    if isinstance(response.get("result"), str):
+        holder, key = response, "result"
+    elif isinstance(response.get("error"), dict) and isinstance(response["error"].get("message"), str):
+        holder, key = response["error"], "message"
+    else:
+        return None
+    inner, err = fit(encoder, holder[key], stderr, allowance, mode, stderr_suffix)
+    holder[key] = inner.text
+    # The envelope is the transport's, not the model's: its tokens are not the agent's to pay.
+    return inner._replace(text=json.dumps(response, ensure_ascii=False)), err
+
+
+__all__ = ["CHUNK", "Captured", "StreamDelivery", "fit", "fit_reply", "notice", "pieces"]

@@ -1,8 +1,10 @@
 """What a call that ran delivers and records: its captured bytes decoded, clipped to the allowance, audited.
 
-`deliver` turns the command's `Outcome` into the text the agent reads and the
-audit record a grader reads, given the verdict (verdict.py) and the call's
-reservation. It reads no file and takes no lock; the ledger commits the record.
+`settle` judges a call that ran (verdict.py) and delivers it; `deliver` turns
+the command's `Outcome` into the text the agent reads and the audit record a
+grader reads, given the verdict and the call's reservation; `failed` is the
+record of a call trial-tool itself could not run. Nothing here reads a file
+or takes a lock; the ledger commits the record.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import hashlib
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import clipping, replies, tokens
+from . import clipping, tokens, verdict
+from .errors import EXIT_NOT_FOUND
 from .ledger import clock, records
 from .verdict import after_delivery
 
 if TYPE_CHECKING:
+    from .call import CallRequest, Interrupt
     from .ledger.ledger import Reservation
     from .process.outcome import Outcome
 
@@ -66,7 +70,7 @@ def deliver(
     `withheld`: the caller gave up on the call, so nothing is delivered and no
     token charged; what the command printed is still counted (`observed_*`).
     `call_fields` are what the call was given besides its command (records.input_fields).
-    `reply` "json-rpc": stdout is a program's reply, clipped inside (replies.py).
+    `reply` "json-rpc": stdout is a program's reply, clipped inside (clipping.fit_reply).
     """
     status, exit_code, notice = verdict
     limits = reservation.limits
@@ -81,10 +85,7 @@ def deliver(
         # a command's own invalid bytes with U+FFFD and dropping half a character our cap cut off.
         stdout = clipping.Captured(outcome.stdout, stdout_cut)
         stderr = clipping.Captured(outcome.stderr, stderr_cut)
-        pair = None
-        if reply == "json-rpc":
-            pair = replies.deliver_json_rpc(encoder, stdout, stderr, reservation.allowance, limits.clip, notice)
-        out, err = pair or clipping.fit(encoder, stdout, stderr, reservation.allowance, limits.clip, notice)
+        out, err = clipping.fit_reply(encoder, stdout, stderr, reservation.allowance, limits.clip, notice, reply)
     else:
         # Nothing printed: nothing to count, and the encoder is never built.
         out = err = clipping.StreamDelivery("", 0, 0, False)
@@ -154,4 +155,60 @@ def deliver(
     return Delivery(out, err, status, record)
 
 
-__all__ = ["Delivery", "deliver"]
+def settle(
+    outcome: Outcome,
+    reservation: Reservation,
+    request: CallRequest,
+    interrupt: Interrupt | None,
+    rank_path: str,
+    started_wall: float,
+    sandboxed: bool,
+) -> tuple[Delivery, int]:
+    """A call that ran, judged and delivered: what the agent gets and the record; and the call's exit code."""
+    import os
+
+    argv = list(request.argv)
+    status, code, notice = verdict.judge(
+        outcome,
+        reservation.limits,
+        argv,
+        run_seconds=reservation.run_seconds,
+        deadline_kind=reservation.deadline_kind,
+        interrupt=interrupt,
+    )
+    if sandboxed and code == EXIT_NOT_FOUND:
+        # Not found in the sandbox, but there on the host, where the sandbox shows something else.
+        notice += verdict.hidden_path_notice(argv, outcome.stderr, os.path.exists)
+    # A caller that gave up on the call (a cancelled task or request) receives nothing: nothing is charged.
+    # An interrupt of the caller's own making, without `delivers`, is taken to deliver.
+    withheld = interrupt is not None and interrupt.signum is not None and not getattr(interrupt, "delivers", True)
+    delivered = deliver(
+        outcome,
+        reservation,
+        argv,
+        (status, code, notice),
+        rank_path,
+        started_wall,
+        withheld=withheld,
+        call_fields=records.input_fields(request.stdin, request.merge_output),
+        reply=request.reply,
+    )
+    return delivered, code
+
+
+def failed(reservation: Reservation, request: CallRequest, started_wall: float, error: str) -> dict[str, Any]:
+    """The record of a call that trial-tool itself failed to run (it stays charged)."""
+    record = records.failed(
+        trial_id=reservation.trial_id,
+        sequence=reservation.sequence,
+        command=list(request.argv),
+        error=error,
+        started_at_utc=clock.utc(started_wall),
+        at_utc=clock.utc(time.time()),
+        allowance=reservation.allowance,
+    )
+    record.update(records.input_fields(request.stdin, request.merge_output))
+    return record
+
+
+__all__ = ["Delivery", "deliver", "failed", "settle"]

@@ -17,31 +17,26 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
-from . import budget, tokens, verdict
+from . import budget, delivery
 from .budget import Budget
 from .call import CallRequest, CallResult, Command, Interrupt, current_directory
-from .delivery import deliver
-from .errors import EXIT_NOT_FOUND, Interrupted, StateError, StorageError, TrialToolError, UsageError
-from .ledger import clock, durable, liveness, records
+from .errors import Interrupted, StateError, TrialToolError
+from .ledger import liveness
 from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
 from .ledger.state import TrialState
 from .limits import from_overrides
-from .osio import reserve
+from .preflight import Preflight
 from .process import environment
 from .process import sandbox as seam
 from .process.forkserver import ForkServer
 from .process.launcher import Launcher
 from .process.orders import Spec
 from .process.outcome import Outcome
-from .sandbox import Pin, Sandbox
 
 
 def stop_leftovers(supervisor: int, token: str | None) -> int:
-    """Stop what an abandoned call left running; how many processes were killed.
-
-    The supervisor, if it lives on, is told to stop (its parent is gone, so it
-    kills the tree and exits), and any cgroup it made is emptied.
-    """
+    """Stop what an abandoned call left running; how many processes were killed. The supervisor,
+    if it lives on, is told to stop (it kills the tree and exits), and any cgroup it made is emptied."""
     if liveness.alive(supervisor, token):
         try:
             os.kill(supervisor, signal.SIGTERM)
@@ -95,7 +90,7 @@ class Trial:
         )
         #: Files a sandboxed command must not reach besides the state, log and lock (a key file).
         self.hidden_files = [os.fspath(path) for path in hidden_files]
-        self._plans: dict[Sandbox, seam.Plan] = {}
+        self._preflight = Preflight(self.ledger.state_path, self.ledger.log_path, self.hidden_files, rank_file)
         self.overrides = dict(limits or {})
         if labels is not None:
             self.overrides["labels"] = dict(labels)
@@ -104,8 +99,6 @@ class Trial:
             self.overrides["origin"] = os.fspath(origin)
         #: A fork server shared with other Trials (the per-user server's), not closed with this one.
         self._shared_forkserver = fork_server
-        self._rank_file = rank_file
-        self._rank_path: str | None = None
         self._forkserver: ForkServer | None = None
         #: A supervisor forked ahead by the caller, for the next call (use_launcher).
         self._ready: Launcher | None = None
@@ -147,7 +140,11 @@ class Trial:
             return budget.fresh(from_overrides(self.overrides))  # (sandbox settings are not limits)
 
     async def arun(self, command: Command, **options: Any) -> CallResult:
-        """`run` for asyncio: the call runs in the loop's default executor.
+        """`run` for asyncio (`acall`)."""
+        return await self.acall(CallRequest.of(command, **options))
+
+    async def acall(self, request: CallRequest) -> CallResult:
+        """`call` for asyncio: the call runs in the loop's default executor.
 
         Cancelling the awaiting task stops the command (status `interrupted`,
         recorded and charged like any call that ran) before CancelledError goes on.
@@ -159,7 +156,7 @@ class Trial:
 
         cancellation = Cancellation()
         future = asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(self.run, command, interrupt=cancellation, **options)
+            None, functools.partial(self.call, request, interrupt=cancellation)
         )
         # The pipe is closed only once the thread is done with it.
         future.add_done_callback(lambda _: cancellation.close())
@@ -177,28 +174,6 @@ class Trial:
 
         return await asyncio.to_thread(self.budget)
 
-    def _plan(self, sandbox: Sandbox) -> seam.Plan:
-        """The trial's sandbox plan (where its files are hidden), made once per pinned sandbox."""
-        plan = self._plans.get(sandbox)
-        if plan is None:
-            path = self.ledger.state_path
-            files = [path, self.ledger.log_path, path + ".lock", *self.hidden_files]
-            # The rank file as the reservation's preflight located it (_check_rank_file, which runs first).
-            plan = self._plans[sandbox] = seam.Plan(sandbox, path, files, self._rank_path)
-        return plan
-
-    def _check_rank_file(self, state: TrialState) -> None:
-        """Reservation preflight: the rank file is there and has the right hash, or nothing is charged.
-
-        A file verified before is recognised by its stamp (tokens.stamp), kept in
-        the state, rather than hashed on every call; a changed file is hashed again.
-        """
-        path = self._rank_path = tokens.locate(self._rank_file)
-        seen = {"path": str(path), "stamp": tokens.stamp(path)}
-        if state.rank_file != seen:
-            tokens.verified(path, recheck=True)
-            state.rank_file = seen
-
     def run(self, command: Command, *, interrupt: Interrupt | None = None, **options: Any) -> CallResult:
         """Run one budgeted call; BudgetExhausted (logged) if a budget is spent.
 
@@ -212,15 +187,7 @@ class Trial:
         return self.call(CallRequest.of(command, **options), interrupt=interrupt)
 
     def call(self, request: CallRequest, *, interrupt: Interrupt | None = None) -> CallResult:
-        """Run the call `request` asks for; as `run`.
-
-        A `grading` request is the harness's own command, run to grade the agent's
-        work (a scorer's test run) in the same sandbox and workspace: never refused,
-        never charged, all of its output delivered, and recorded as a grading record
-        outside the agent's counters (sequence 0 in the result). A "json-rpc" reply
-        is one JSON-RPC response to a program (a harness's tool): the text inside it
-        is clipped and charged, and the envelope stays valid JSON (replies.py).
-        """
+        """Run the call `request` asks for (call.py says what each of its fields does); as `run`."""
         with self._guard:
             ready, self._ready = self._ready, None
         # The fork server's supervisors do not share our working directory: a call through
@@ -263,32 +230,7 @@ class Trial:
                 msg = f"{interrupt.reason} before the call started; nothing ran and nothing is charged"
                 raise Interrupted(msg, interrupt.signum)
 
-        #: The sandbox plan, the trial's /tmp and what the call keeps from the command, when sandboxed.
-        sandboxed: list[tuple[seam.Plan, Pin, seam.Layout]] = []
-
-        def preflight(state: TrialState) -> None:
-            stdin = request.stdin
-            if stdin is not None and len(stdin) > state.limits.max_stdin_bytes:
-                msg = (
-                    f"the input is {len(stdin)} bytes, over the trial's --max-stdin-bytes "
-                    f"{state.limits.max_stdin_bytes}; nothing ran and nothing is charged"
-                )
-                raise UsageError(msg)
-            self._check_rank_file(state)
-            _reserve_spools(launcher, state.limits.max_capture_bytes)
-            sandboxed.clear()
-            if state.sandbox.mode == "none":
-                seam.settle()
-            else:
-                plan = self._plan(state.sandbox)
-                cwd = request.cwd or os.getcwd()
-                tmp, hide = plan.check(cwd, state.trial_id, request.environ, request.read_only, request.caller_imports)
-                # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
-                durable.touch(self.ledger.log_path)
-                sandboxed.append((plan, tmp, hide))
-
-        def one_at_a_time(state: TrialState) -> bool:
-            return state.sandbox.mode != "none" and self._plan(state.sandbox).layout.exposed
+        checks = self._preflight.for_call(request, launcher)
 
         if self.overrides.get("sandbox") != "none":
             seam.probe_ahead(self.ledger.state_path)  # its few ms overlap the reservation
@@ -299,15 +241,15 @@ class Trial:
             overrides = {**overrides, "search_path": environ.get("PATH", ""), "home_path": environ.get("HOME", "")}
         argv = list(request.argv)
         if request.grading:
-            reservation = self.ledger.reserve_grading(overrides, argv, preflight=preflight)
+            reservation = self.ledger.reserve_grading(overrides, argv, preflight=checks)
         else:
             reservation = self.ledger.reserve(
                 overrides,
                 argv,
-                preflight=preflight,
+                preflight=checks,
                 supervisor=launcher.pid,
                 cancelled=cancelled,
-                one_at_a_time=one_at_a_time,
+                one_at_a_time=self._preflight.one_at_a_time,
             )
         timeout = request.timeout
         if timeout is not None and timeout < reservation.run_seconds:
@@ -316,8 +258,8 @@ class Trial:
         started = time.monotonic()
         try:
             run_argv, binds = argv, []
-            if sandboxed:
-                plan, tmp, hide = sandboxed[0]
+            if checks.sandboxed is not None:
+                plan, tmp, hide = checks.sandboxed
                 cwd = request.cwd or os.getcwd()
                 run_argv, pinned = plan.wrap(argv, cwd, tmp, hide, reservation.limits.max_open_files)
                 binds = [(index, *pin) for index, pin in pinned]
@@ -328,7 +270,7 @@ class Trial:
                 started,
                 started + reservation.run_seconds,
                 reservation.limits,
-                backend=sandboxed[0][0].sandbox.mode if sandboxed else "none",
+                backend="none" if checks.sandboxed is None else checks.sandboxed[0].sandbox.mode,
                 umask=request.umask,
                 caller_rlimits=request.rlimits or (),
                 stdin=request.stdin,
@@ -337,8 +279,7 @@ class Trial:
             )
             outcome = launcher.run(spec, None if interrupt is None else interrupt.fd)
         except TrialToolError as exc:
-            fields = records.input_fields(request.stdin, request.merge_output)
-            self._commit_failure(reservation, argv, started_wall, exc, fields)
+            self._commit_failure(reservation, delivery.failed(reservation, request, started_wall, exc.message))
             raise
         except BaseException:
             # KeyboardInterrupt in a harness, say: the supervisor has stopped the tree;
@@ -346,27 +287,10 @@ class Trial:
             # (this process lives on, so nothing else would).
             self.ledger.abandon(reservation.sequence)
             raise
-        return outcome, reservation, started_wall, bool(sandboxed)
+        return outcome, reservation, started_wall, checks.sandboxed is not None
 
-    def _commit_failure(
-        self,
-        reservation: Reservation,
-        argv: list[str],
-        started_wall: float,
-        exc: TrialToolError,
-        fields: dict[str, Any],
-    ) -> None:
+    def _commit_failure(self, reservation: Reservation, record: dict[str, Any]) -> None:
         """Record a call that trial-tool itself failed to run; it stays charged."""
-        record = records.failed(
-            trial_id=reservation.trial_id,
-            sequence=reservation.sequence,
-            command=argv,
-            error=exc.message,
-            started_at_utc=clock.utc(started_wall),
-            at_utc=clock.utc(time.time()),
-            allowance=reservation.allowance,
-        )
-        record.update(fields)
         try:
             if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)
                 self.ledger.commit_grading(reservation, record)
@@ -386,33 +310,10 @@ class Trial:
         interrupt: Interrupt | None,
         sandboxed: bool,
     ) -> CallResult:
-        argv = list(request.argv)
-        judged = verdict.judge(
-            outcome,
-            reservation.limits,
-            argv,
-            run_seconds=reservation.run_seconds,
-            deadline_kind=reservation.deadline_kind,
-            interrupt=interrupt,
-        )
-        if sandboxed and judged[1] == EXIT_NOT_FOUND:
-            # Not found in the sandbox, but there on the host, where the sandbox shows something else.
-            hint = verdict.hidden_path_notice(argv, outcome.stderr, os.path.exists)
-            judged = (judged[0], judged[1], judged[2] + hint)
-        assert self._rank_path is not None  # set by the reservation's preflight
-        # A caller that gave up on the call (a cancelled task or request) receives nothing: nothing is charged.
-        # An interrupt of the caller's own making, without `delivers`, is taken to deliver.
-        withheld = interrupt is not None and interrupt.signum is not None and not getattr(interrupt, "delivers", True)
-        out, err, status, record = deliver(
-            outcome,
-            reservation,
-            argv,
-            judged,
-            self._rank_path,
-            started_wall,
-            withheld=withheld,
-            call_fields=records.input_fields(request.stdin, request.merge_output),
-            reply=request.reply,
+        rank_path = self._preflight.rank_path
+        assert rank_path is not None  # set by the reservation's preflight
+        (out, err, status, record), code = delivery.settle(
+            outcome, reservation, request, interrupt, rank_path, started_wall, sandboxed
         )
         if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)
             state = self.ledger.commit_grading(reservation, record)
@@ -421,7 +322,7 @@ class Trial:
         return CallResult(
             sequence=reservation.sequence,
             status=status,
-            exit_code=judged[1],
+            exit_code=code,
             stdout=out.text,
             stderr=err.text,
             delivered_tokens=out.tokens + err.tokens,
@@ -431,17 +332,6 @@ class Trial:
             budget=budget.of(state),
             head=state.log.head,
         )
-
-
-def _reserve_spools(launcher: Launcher, capture_bytes: int) -> None:
-    """Room for each stream's capture, taken before the call is charged: a command that
-    fills the disk its spools are on cannot then cut its own capture short."""
-    for fd in launcher.spools or ():
-        try:
-            reserve(fd, 0, capture_bytes)
-        except OSError as exc:
-            msg = f"cannot reserve {capture_bytes} bytes for the call's output beside the state: {exc.strerror}"
-            raise StorageError(msg) from exc
 
 
 def use_launcher(trial: Trial, launcher: Launcher) -> None:

@@ -178,7 +178,7 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             # sandbox tools): the harness's, like read_file and write_file.
             return await subprocess(cmd, input=input, cwd=directory, env=env, timeout=timeout)
         # inspect's own tools (text_editor) send a JSON-RPC request and parse the reply: the
-        # text inside it is what the model reads, clipped there, the envelope kept (replies.py).
+        # text inside it is what the model reads, clipped there, the envelope kept (clipping.fit_reply).
         tool = cmd[:1] == [SANDBOX_CLI]
         try:
             result = await self.trial.arun(

@@ -1,4 +1,5 @@
-"""SIGINT, SIGTERM and SIGHUP to trial-tool, turned into a readable descriptor and a remembered signal.
+"""SIGINT, SIGTERM and SIGHUP to trial-tool, turned into a readable descriptor and a remembered signal;
+and the same for a call's supervisor (`SupervisorSignals`), whose SIGTERM is a stop request or its parent's death.
 
 The handlers only record the first signal; the byte the interpreter writes to the
 wakeup pipe wakes the call's `select`, which asks the supervisor to stop the
@@ -86,4 +87,36 @@ class Cancellation:
         self.fd = self._write_fd = -1
 
 
-__all__ = ["CAUGHT", "Cancellation", "InterruptWatch"]
+class SupervisorSignals:
+    """Signals to a call's supervisor, turned into flags and a readable descriptor (the supervisor's own side)."""
+
+    def __init__(self, parent_pid: int) -> None:
+        self.parent_pid = parent_pid
+        self.orphaned = False
+        self.stop = False
+        self.read_fd, write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._on_term)
+        # Ctrl-C reaches trial-tool's whole process group, us included; trial-tool
+        # decides, and tells us through the control pipe.
+        signal.signal(signal.SIGINT, lambda *_: None)
+        signal.signal(signal.SIGHUP, lambda *_: None)
+
+    def _on_term(self, *_: object) -> None:
+        # SIGTERM is our parent-death signal; from a live parent it is a stop request.
+        if os.getppid() != self.parent_pid:
+            self.orphaned = True
+        else:
+            self.stop = True
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.read_fd, 64):
+                pass
+        except BlockingIOError:
+            pass
+
+
+__all__ = ["CAUGHT", "Cancellation", "InterruptWatch", "SupervisorSignals"]

@@ -19,12 +19,13 @@ import time
 from typing import Any
 
 from ..errors import SandboxError
-from ..limits import Limits
 from ..sandbox import Pin
 from . import reaper, sandbox
 from .capture import Spool
 from .cgroups import CallGroup
+from .interrupts import SupervisorSignals as Signals
 from .orders import Spec
+from .rlimits import for_exec, take_callers
 from .sandbox import bwrap, pinned
 from .sandbox.base import Backend
 from .spawn import Child, spawn
@@ -36,84 +37,6 @@ _NOT_EXECUTABLE = frozenset(
 
 #: How often the fallback process cap counts the tree, where no pids cgroup can be made.
 _SWEEP_INTERVAL = 0.05
-
-
-class Signals:
-    """Signals to the supervisor, turned into flags and a readable descriptor."""
-
-    def __init__(self, parent_pid: int) -> None:
-        self.parent_pid = parent_pid
-        self.orphaned = False
-        self.stop = False
-        self.read_fd, write_fd = os.pipe()
-        os.set_blocking(self.read_fd, False)
-        os.set_blocking(write_fd, False)
-        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        signal.signal(signal.SIGTERM, self._on_term)
-        # Ctrl-C reaches trial-tool's whole process group, us included; trial-tool
-        # decides, and tells us through the control pipe.
-        signal.signal(signal.SIGINT, lambda *_: None)
-        signal.signal(signal.SIGHUP, lambda *_: None)
-
-    def _on_term(self, *_: Any) -> None:
-        # SIGTERM is our parent-death signal; from a live parent it is a stop request.
-        if os.getppid() != self.parent_pid:
-            self.orphaned = True
-        else:
-            self.stop = True
-
-    def drain(self) -> None:
-        try:
-            while os.read(self.read_fd, 64):
-                pass
-        except BlockingIOError:
-            pass
-
-
-def _limits_for_exec(limits: Limits, group: CallGroup, backend: Backend) -> list[tuple[int, tuple[int, int]]]:
-    """The command's resource limits; no core dumps is set on the supervisor itself, and inherited.
-
-    A backend may set the open-files limit inside its sandbox (bwrap: it needs more
-    descriptors than a small limit allows while it sets the sandbox up).
-    """
-    rlimits = []
-    if limits.max_cpu_seconds:
-        # The soft limit sends SIGXCPU; one second later the hard limit sends SIGKILL.
-        soft = max(1, int(limits.max_cpu_seconds + 0.999))
-        rlimits.append((resource.RLIMIT_CPU, (soft, soft + 1)))
-    if limits.max_file_size:
-        rlimits.append((resource.RLIMIT_FSIZE, (limits.max_file_size, limits.max_file_size)))
-    if limits.max_open_files and not backend.SETS_OPEN_FILES:
-        rlimits.append((resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files)))
-    if limits.max_memory and group.memory is None:
-        # No memory cgroup: a per-process address-space cap is the fallback.
-        rlimits.append((resource.RLIMIT_AS, (limits.max_memory, limits.max_memory)))
-    return rlimits
-
-
-def _take_callers(spec: Spec) -> None:
-    """Make the caller's umask and resource limits the supervisor's own, for the command to inherit.
-
-    The supervisor exists for this one command, so they are simply set on it; a hard
-    limit above the supervisor's own (which only a privileged process may raise) is
-    capped at it. The trial's own limits then apply on top, in the command.
-    """
-    if spec.umask is not None:
-        os.umask(spec.umask)
-    for which, soft, hard in spec.caller_rlimits:
-        if which == resource.RLIMIT_CORE:
-            continue  # never a core dump: set on the supervisor at start
-        try:
-            hard = hard if _at_most(hard, resource.getrlimit(which)[1]) else resource.getrlimit(which)[1]
-            resource.setrlimit(which, (soft if _at_most(soft, hard) else hard, hard))
-        except (ValueError, OSError):
-            continue
-
-
-def _at_most(value: int, bound: int) -> bool:
-    """`value` <= `bound` for resource limits, where RLIM_INFINITY is above everything."""
-    infinity = resource.RLIM_INFINITY
-    return bound == infinity or (value != infinity and value <= bound)
 
 
 def supervise(
@@ -132,10 +55,10 @@ def supervise(
     group.configure(limits.max_procs + extra_procs, limits.max_memory)
     status_r = status_w = feed_w = -1
     feed_r: int | None = None
-    _take_callers(spec)
+    take_callers(spec)
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        rlimits = _limits_for_exec(limits, group, backend)
+        rlimits = for_exec(limits, group, backend)
 
         def before_exec() -> None:
             group.join()
@@ -418,4 +341,4 @@ class _Watch:
         }
 
 
-__all__ = ["Signals", "Spec", "supervise"]
+__all__ = ["supervise"]

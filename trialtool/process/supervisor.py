@@ -26,8 +26,9 @@ from ..osio import make_undumpable, prctl, write_all
 from . import reaper
 from .capture import Spool
 from .cgroups import CallGroup
+from .interrupts import SupervisorSignals as Signals
 from .orders import Spec, decode, input_size
-from .running import Signals, supervise
+from .running import supervise
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36

@@ -16,7 +16,7 @@ import json
 import shlex
 from typing import Any, NamedTuple
 
-from .. import clipping, replies, tokens
+from .. import clipping, tokens
 from ..ledger.records import GRADING_ALLOWANCE
 
 #: The columns of one call's row, in order, with their kinds (export's schema; docs/graders.md): every
@@ -223,10 +223,8 @@ class Replayer:
         stderr = clipping.Captured(err, bool(record.get("stderr_capture_truncated")))
         mode = str(record.get("clip") or "headtail")
         encoder = self._get_encoder()
-        pair = None
-        if record.get("reply") == "json-rpc":
-            pair = replies.deliver_json_rpc(encoder, stdout, stderr, allowance, mode, str(notice))
-        text_out, text_err = pair or clipping.fit(encoder, stdout, stderr, allowance, mode, str(notice))
+        reply = str(record.get("reply") or "text")
+        text_out, text_err = clipping.fit_reply(encoder, stdout, stderr, allowance, mode, str(notice), reply)
         return Delivered(text_out.text, text_err.text, _matches(text_out.text, text_err.text, wanted))
 
 

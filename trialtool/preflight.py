@@ -1,0 +1,117 @@
+"""What a call checks under the ledger's lock before it is charged; a check that fails charges nothing.
+
+Its input within the trial's `max_stdin_bytes`; the o200k_base file there, with
+the right hash; room on disk for its output's capture; and, for a sandboxed
+trial, bwrap and every pinned path as pinned, the call's directory visible,
+the trial's /tmp and home made. The ledger runs these (`Ledger.reserve`'s
+`preflight`) once it has read the trial's state, so that they see its pinned
+limits and sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from . import tokens
+from .call import CallRequest
+from .errors import StorageError, UsageError
+from .ledger import durable
+from .ledger.state import TrialState
+from .osio import reserve
+from .process import sandbox as seam
+from .process.launcher import Launcher
+from .sandbox import Pin, Sandbox
+
+
+class Preflight:
+    """One trial's checks before a call: the sandbox plans it made, the rank file it located."""
+
+    def __init__(
+        self, state_path: str, log_path: str, hidden_files: Sequence[str], rank_file: str | os.PathLike[str] | None
+    ) -> None:
+        self.state_path = state_path
+        self.log_path = log_path
+        #: Files a sandboxed command must not reach besides the state, log and lock (a key file).
+        self.hidden_files = list(hidden_files)
+        self.rank_file = rank_file
+        #: The rank file as the last check located it (tokens.locate).
+        self.rank_path: str | None = None
+        self._plans: dict[Sandbox, seam.Plan] = {}
+
+    def plan(self, sandbox: Sandbox) -> seam.Plan:
+        """The trial's sandbox plan (where its files are hidden), made once per pinned sandbox."""
+        plan = self._plans.get(sandbox)
+        if plan is None:
+            path = self.state_path
+            files = [path, self.log_path, path + ".lock", *self.hidden_files]
+            # The rank file as the call's check located it (check_rank_file, which runs first).
+            plan = self._plans[sandbox] = seam.Plan(sandbox, path, files, self.rank_path)
+        return plan
+
+    def one_at_a_time(self, state: TrialState) -> bool:
+        """Whether the trial's calls must run one at a time (its files inside a writable path)."""
+        return state.sandbox.mode != "none" and self.plan(state.sandbox).layout.exposed
+
+    def check_rank_file(self, state: TrialState) -> None:
+        """The rank file is there and has the right hash, or nothing is charged.
+
+        A file verified before is recognised by its stamp (tokens.stamp), kept in
+        the state, rather than hashed on every call; a changed file is hashed again.
+        """
+        path = self.rank_path = tokens.locate(self.rank_file)
+        seen = {"path": str(path), "stamp": tokens.stamp(path)}
+        if state.rank_file != seen:
+            tokens.verified(path, recheck=True)
+            state.rank_file = seen
+
+    def for_call(self, request: CallRequest, launcher: Launcher) -> Checks:
+        """The checks of one call, run by the ledger with the trial's state."""
+        return Checks(self, request, launcher)
+
+
+class Checks:
+    """One call's checks; after them, `sandboxed` holds its sandbox plan, /tmp and layout, if sandboxed."""
+
+    def __init__(self, preflight: Preflight, request: CallRequest, launcher: Launcher) -> None:
+        self.preflight = preflight
+        self.request = request
+        self.launcher = launcher
+        self.sandboxed: tuple[seam.Plan, Pin, seam.Layout] | None = None
+
+    def __call__(self, state: TrialState) -> None:
+        limits = state.limits
+        stdin = self.request.stdin
+        if stdin is not None and len(stdin) > limits.max_stdin_bytes:
+            msg = (
+                f"the input is {len(stdin)} bytes, over the trial's --max-stdin-bytes "
+                f"{limits.max_stdin_bytes}; nothing ran and nothing is charged"
+            )
+            raise UsageError(msg)
+        self.preflight.check_rank_file(state)
+        _reserve_spools(self.launcher, limits.max_capture_bytes)
+        self.sandboxed = None
+        if state.sandbox.mode == "none":
+            seam.settle()
+            return
+        request = self.request
+        plan = self.preflight.plan(state.sandbox)
+        cwd = request.cwd or os.getcwd()
+        tmp, hide = plan.check(cwd, state.trial_id, request.environ, request.read_only, request.caller_imports)
+        # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
+        durable.touch(self.preflight.log_path)
+        self.sandboxed = (plan, tmp, hide)
+
+
+def _reserve_spools(launcher: Launcher, capture_bytes: int) -> None:
+    """Room for each stream's capture, taken before the call is charged: a command that
+    fills the disk its spools are on cannot then cut its own capture short."""
+    for fd in launcher.spools or ():
+        try:
+            reserve(fd, 0, capture_bytes)
+        except OSError as exc:
+            msg = f"cannot reserve {capture_bytes} bytes for the call's output beside the state: {exc.strerror}"
+            raise StorageError(msg) from exc
+
+
+__all__ = ["Checks", "Preflight"]
