@@ -122,7 +122,7 @@ def stop_servers(directory: Path) -> None:
     """Stop every per-user server whose socket is in `directory` (each finishes its calls), and wait for them."""
     import socket as socketlib
 
-    from trialtool.doors.userclient import Frames, frame
+    from trialtool.doors.userwire import Frames, frame
 
     for path in sorted(directory.glob("server-*.sock")) if directory.is_dir() else []:
         with socketlib.socket(socketlib.AF_UNIX) as sock:

@@ -21,7 +21,7 @@ from .verdict import after_delivery
 
 if TYPE_CHECKING:
     from .call import CallRequest, Interrupt
-    from .ledger.ledger import Reservation
+    from .ledger.reservation import Reservation
     from .process.outcome import Outcome
 
 

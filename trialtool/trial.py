@@ -22,7 +22,8 @@ from .budget import Budget
 from .call import CallRequest, CallResult, Command, Interrupt, current_directory
 from .errors import Interrupted, StateError, TrialToolError
 from .ledger import liveness
-from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation
+from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger
+from .ledger.reservation import Reservation
 from .ledger.state import TrialState
 from .limits import from_overrides
 from .preflight import Preflight
@@ -241,7 +242,7 @@ class Trial:
             overrides = {**overrides, "search_path": environ.get("PATH", ""), "home_path": environ.get("HOME", "")}
         argv = list(request.argv)
         if request.grading:
-            reservation = self.ledger.reserve_grading(overrides, argv, preflight=checks)
+            reservation = self.ledger.reserve_grading(overrides, argv, preflight=checks, timeout=request.timeout)
         else:
             reservation = self.ledger.reserve(
                 overrides,
@@ -250,10 +251,8 @@ class Trial:
                 supervisor=launcher.pid,
                 cancelled=cancelled,
                 one_at_a_time=self._preflight.one_at_a_time,
+                timeout=request.timeout,
             )
-        timeout = request.timeout
-        if timeout is not None and timeout < reservation.run_seconds:
-            reservation = reservation._replace(run_seconds=timeout, deadline_kind="request")
         started_wall = time.time()
         started = time.monotonic()
         try:

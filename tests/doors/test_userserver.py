@@ -225,7 +225,7 @@ def test_the_caller_keeps_its_environment_umask_and_limits(trial: TrialFiles, se
 @pytest.mark.timeout(60)
 def test_a_signal_right_behind_the_request_is_not_lost(trial: TrialFiles, servers: Path) -> None:
     from tests.ledger.test_durability import stopped_lock_holder
-    from trialtool.doors import userclient
+    from trialtool.doors import userclient, userwire
     from trialtool.doors.options import quick
 
     assert trial.call("true").returncode == 0  # the first call starts the server
@@ -234,12 +234,12 @@ def test_a_signal_right_behind_the_request_is_not_lost(trial: TrialFiles, server
     with stopped_lock_holder(trial):
         before = trial.snapshot()
         # The call waits for the ledger lock; the signal arrives in the same read as the request.
-        payload = userclient.frame(userclient.request(args, ["echo", "never"]))
+        payload = userwire.frame(userclient.request(args, ["echo", "never"]))
         with socket.socket(socket.AF_UNIX) as sock:
             sock.settimeout(30)
-            sock.connect(userclient.socket_path())
-            sock.sendall(payload + userclient.frame({"signal": int(signal.SIGTERM)}))
-            frames = userclient.Frames(sock)
+            sock.connect(userwire.socket_path())
+            sock.sendall(payload + userwire.frame({"signal": int(signal.SIGTERM)}))
+            frames = userwire.Frames(sock)
             answers = []
             while len(answers) < 2:
                 message = frames.pop()

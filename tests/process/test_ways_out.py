@@ -94,13 +94,13 @@ def _env(**changes: str | None) -> dict[str, str]:
 
 def _attack_payload(host: Host, path: Path) -> None:
     """What a command would send a server it found: an unsandboxed call of a fresh trial that writes the marker."""
-    from trialtool.doors import userclient
+    from trialtool.doors import userclient, userwire
     from trialtool.doors.options import parse
 
     evil = host.workspace / "evil"
     args = parse("run", ["--state", f"{evil}.json", "--log", f"{evil}.jsonl", "--sandbox", "none"])
     request = userclient.request(args, ["sh", "-c", f"touch {host.marker}"])
-    path.write_bytes(userclient.frame(request))
+    path.write_bytes(userwire.frame(request))
 
 
 #: Run inside the sandbox: find every server socket in the workspace, send the payload, say what came back.
@@ -139,7 +139,7 @@ def _peer_pid(path: Path) -> int | None:
 
 def _stop_other_worlds(directory: Path) -> None:
     """Stop the servers in `directory` that are not of this process's world (they take no `stop` from it)."""
-    from trialtool.doors.userclient import identity
+    from trialtool.doors.userwire import identity
 
     for path in directory.glob("server-*.sock") if directory.is_dir() else []:
         pid = None if path.name == f"server-{identity()}.sock" else _peer_pid(path)

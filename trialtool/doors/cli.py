@@ -177,11 +177,11 @@ def _server_command(action: str) -> int:
     """`trial-tool server status|stop`: print the server's status (or that there is none); stop it."""
     import json
 
-    from . import userclient
+    from . import userclient, userwire
 
     status = userclient.control(action)
     if status is None:
-        print(json.dumps({"running": False, "socket": userclient.socket_path()}, indent=2))
+        print(json.dumps({"running": False, "socket": userwire.socket_path()}, indent=2))
         return 0
     print(json.dumps({"running": action != "stop", **status}, indent=2))
     return 0

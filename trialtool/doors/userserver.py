@@ -41,7 +41,7 @@ from ..osio import make_undumpable
 from . import world
 from .fromflags import request_of, trial_of, trial_settings
 from .options import Arguments
-from .userclient import IDLE_ENV, Frames, frame
+from .userwire import IDLE_ENV, Frames, frame
 
 #: Longest request line: argv and environment, generously.
 MAX_REQUEST = 64 << 20
@@ -155,7 +155,7 @@ class UserServer:
         pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         if uid != os.getuid():
             return  # another user's process: not a word
-        foreign = _foreign(conn, pid)
+        foreign = world.foreign_peer(conn, pid)
         if foreign is not None:
             # Same uid, another world (a sandboxed command, a caller with fewer privileges):
             # nothing is run for it; it runs its call itself, with what it has.
@@ -266,39 +266,6 @@ def _linger(conn: socket.socket, seconds: float = 1.0) -> None:
                 break
     except OSError:
         pass
-
-
-#: getsockopt's SO_PEERPIDFD (Linux 6.5): a pidfd of the very process that connected.
-_SO_PEERPIDFD = 77
-
-
-def _foreign(conn: socket.socket, pid: int) -> str | None:
-    """Why the peer `pid` is not of this server's world (world.py), or None when it is.
-
-    The peer is read from /proc while a pidfd holds it: SO_PEERPIDFD's where the
-    kernel has it, else one opened on the pid at once. If the process is still
-    alive after the reading, its pid was not reused meanwhile, so what was read
-    was that process's.
-    """
-    import select
-
-    try:
-        pidfd = conn.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD)
-    except OSError:
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            return "it could not be identified"
-    try:
-        try:
-            theirs = world.of(pid)
-        except OSError:
-            return "it could not be identified"
-        if select.select([pidfd], [], [], 0)[0]:
-            return "it exited before it could be identified"
-    finally:
-        os.close(pidfd)
-    return world.difference(world.of(), theirs)
 
 
 def _watch(frames: Frames, interrupt: RemoteInterrupt) -> None:

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
+
 #: The namespaces compared: all but the *_for_children ones, which a process may set for its
 #: children without being in them. `time` too: the server and its callers exchange
 #: monotonic clock readings, which a time namespace offsets.
@@ -61,4 +65,38 @@ def digest(world: dict[str, str]) -> str:
     return f"{zlib.crc32(text.encode()):08x}"
 
 
-__all__ = ["NAMESPACES", "STATUS_FIELDS", "difference", "digest", "of"]
+#: getsockopt's SO_PEERPIDFD (Linux 6.5): a pidfd of the very process that connected.
+_SO_PEERPIDFD = 77
+
+
+def foreign_peer(conn: socket.socket, pid: int) -> str | None:
+    """Why the peer `pid` on `conn` is not of this process's world, or None when it is.
+
+    The peer is read from /proc while a pidfd holds it: SO_PEERPIDFD's where the
+    kernel has it, else one opened on the pid at once. If the process is still
+    alive after the reading, its pid was not reused meanwhile, so what was read
+    was that process's.
+    """
+    import select
+    import socket  # not at import: the CLI's every call reads this module (userwire.identity)
+
+    try:
+        pidfd = conn.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD)
+    except OSError:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return "it could not be identified"
+    try:
+        try:
+            theirs = of(pid)
+        except OSError:
+            return "it could not be identified"
+        if select.select([pidfd], [], [], 0)[0]:
+            return "it exited before it could be identified"
+    finally:
+        os.close(pidfd)
+    return difference(of(), theirs)
+
+
+__all__ = ["NAMESPACES", "STATUS_FIELDS", "difference", "digest", "foreign_peer", "of"]

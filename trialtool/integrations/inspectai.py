@@ -41,16 +41,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal, overload
 
-from inspect_ai.event._span import SpanBeginEvent
 from inspect_ai.log._samples import sample_active
-from inspect_ai.log._transcript import transcript
 from inspect_ai.solver._task_state import sample_state
 from inspect_ai.util import ExecResult, SandboxEnvironment, SandboxEnvironmentConfigType, sandboxenv, subprocess
 from inspect_ai.util._sandbox._cli import SANDBOX_CLI
-from inspect_ai.util._sandbox._privileged import IMAGE_PATH_VARIABLE, SHELL_PATH
 from inspect_ai.util._sandbox.environment import RootAccess, SandboxUserUnsupportedError
 from inspect_ai.util._sandbox.limits import verify_read_file_size
-from inspect_ai.util._span import SCORER_SPAN_TYPE, current_span_id
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import budget, read_key_file
@@ -58,6 +54,7 @@ from ..doors import toolreply
 from ..errors import EXIT_INTERNAL, BudgetExhausted, TrialToolError, UsageError
 from ..ledger.state import TrialState
 from ..trial import Trial
+from .inspectexecs import inspects_own, needs_tools_server, scoring
 
 #: The key of the sample's metadata that holds the trial's account.
 METADATA_KEY = "trialtool"
@@ -170,10 +167,10 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             # inspect's tools server would run tools' commands outside every call, unbudgeted and
             # uncontained: it is not started. Tools that run in their own call (text_editor) work.
             return ExecResult(True, 0, "", "")
-        if cmd[:1] == [SANDBOX_CLI] and _needs_tools_server(input):
+        if cmd[:1] == [SANDBOX_CLI] and needs_tools_server(input):
             msg = "this tool needs inspect's tools server, which the trialtool sandbox does not run; nothing ran"
             return ExecResult(False, EXIT_INTERNAL, "", toolreply.refusal(UsageError(msg)))
-        if _inspects_own(cmd):
+        if inspects_own(cmd):
             # inspect's own command, on its own behalf (a sample's setup, installing its
             # sandbox tools): the harness's, like read_file and write_file.
             return await subprocess(cmd, input=input, cwd=directory, env=env, timeout=timeout)
@@ -188,8 +185,8 @@ class TrialSandboxEnvironment(SandboxEnvironment):
                 env=env,
                 timeout=timeout,
                 merge_output=self.settings.merge_output and not tool,
-                # A scorer's command grades the agent's work: never refused, never charged (_scoring).
-                grading=_scoring(),
+                # A scorer's command grades the agent's work: never refused, never charged (inspectexecs.scoring).
+                grading=scoring(),
                 reply="json-rpc" if tool else "text",
             )
         except TrialToolError as exc:
@@ -245,73 +242,6 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         state = sample_state()
         if state is not None:
             state.metadata[METADATA_KEY] = dict(self.account)
-
-
-def _scoring() -> bool:
-    """Whether this exec is a scorer's: made inside the span inspect opens around each scorer.
-
-    inspect runs each scorer of a sample (and `inspect score` each one after the fact)
-    in a span of type "scorer", inside one named "scorers"; an exec made there is
-    stamped with that span, or one under it. The phase is read from inspect's own
-    transcript, never from a flag a task could set or forget. Where the transcript
-    cannot say (its history given up), the exec is the agent's, as it was.
-    """
-    span = current_span_id()
-    if span is None:
-        return False
-    try:
-        events = transcript().events
-    except Exception:
-        return False
-    parents: dict[str, tuple[str | None, str | None, str]] = {}
-    for event in events:
-        if isinstance(event, SpanBeginEvent):
-            parents[event.id] = (event.parent_id, event.type, event.name)
-    seen: set[str] = set()
-    while span is not None and span in parents and span not in seen:
-        seen.add(span)
-        parent, kind, name = parents[span]
-        if kind == SCORER_SPAN_TYPE or name == "scorers":
-            return True
-        span = parent
-    return False
-
-
-def framework_directory_script() -> str:
-    """The script inspect wraps its framework directory's commands in (checked, created, extracted into)."""
-    from inspect_ai.util._sandbox import _framework_directory
-
-    return str(_framework_directory._SCRIPT)
-
-
-#: How every command inspect issues on its own behalf begins (inspect_ai.util._sandbox._privileged).
-_OWN_PREAMBLE = f"{IMAGE_PATH_VARIABLE}=${{PATH-}}"
-
-
-def _inspects_own(cmd: list[str]) -> bool:
-    """Whether `cmd` is inspect's own plumbing rather than a tool's call: not charged, not recorded."""
-    # Its privileged scripts all begin the same way; its framework directory's script is one text.
-    return (
-        len(cmd) >= 3
-        and cmd[0] == SHELL_PATH
-        and cmd[1] == "-c"
-        and (cmd[2].startswith(_OWN_PREAMBLE) or cmd[2] == framework_directory_script())
-    )
-
-
-#: The tools whose calls go to inspect's tools server (a shell kept between calls, remote processes).
-_SERVER_METHODS = ("bash_session", "exec_remote", "mcp_")
-
-
-def _needs_tools_server(request: str | bytes | None) -> bool:
-    """Whether a call of inspect's sandbox tools names a method its server would run."""
-    import json
-
-    try:
-        method = json.loads(request or "{}").get("method", "")
-    except (ValueError, AttributeError):
-        return False
-    return isinstance(method, str) and method.startswith(_SERVER_METHODS)
 
 
 def _settings(config: SandboxEnvironmentConfigType | None) -> TrialSandboxConfig:

@@ -21,38 +21,24 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from .. import budget
 from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, UsageError
-from ..limits import FLAG_OF, Limits
+from ..limits import FLAG_OF
 from ..osio import plain, require_directory
 from ..sandbox import Available
-from . import audit, clock, durable, liveness, records
+from . import audit, clock, durable, liveness, mending, records
+from . import reservation as reservation_of
 from .locking import DEFAULT_LOCK_TIMEOUT, LedgerLock
 from .records import GRADING_ALLOWANCE
-from .state import InFlight, TrialState
+from .reservation import Reservation
+from .state import TrialState
 from .store import Store
 
 #: Stops what an abandoned call left running, given its supervisor's pid and liveness
 #: token; returns how many processes it killed. The process room provides it.
 StopLeftovers = Callable[[int, "str | None"], int]
-
-
-class Reservation(NamedTuple):
-    """A charged call, ready to run."""
-
-    trial_id: str
-    sequence: int
-    #: Tokens this call may deliver.
-    allowance: int
-    #: Seconds the command may run, and which limit set it ("call" or "trial").
-    run_seconds: float
-    deadline_kind: str
-    limits: Limits
-    #: Trial seconds elapsed when the call was reserved.
-    trial_elapsed: float
-    started_at: float
 
 
 class Ledger:
@@ -148,6 +134,7 @@ class Ledger:
         supervisor: int | None = None,
         cancelled: Callable[[], None] | None = None,
         one_at_a_time: Callable[[TrialState], bool] | None = None,
+        timeout: float | None = None,
     ) -> Reservation:
         """Charge a call and reserve its allowance, or log a refusal and raise BudgetExhausted.
 
@@ -159,6 +146,7 @@ class Ledger:
         While `one_at_a_time(state)` is true, the call waits (writing nothing) until
         no other call is in flight: a sandbox whose trial files sit in a writable
         path needs the state left alone while a command runs (process/bwrap.py).
+        `timeout` (seconds) shortens the call's deadline (reservation.deadline).
         """
         self.directories()
         wait_until: float | None = None
@@ -191,7 +179,9 @@ class Ledger:
                     if cancelled is not None:
                         cancelled()
                     if unreserved > 0:
-                        return self._charge(state, command, min(limits.max_call_tokens, unreserved), supervisor)
+                        return self._charge(
+                            state, command, min(limits.max_call_tokens, unreserved), supervisor, timeout
+                        )
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
 
@@ -205,7 +195,7 @@ class Ledger:
         if preflight is not None:
             preflight(state)
         self._claim(state, new)
-        self._recover(state)
+        mending.recover_abandoned(self.store, state, self._abandoned, self._stop_leftovers)
         return state
 
     def _claim(self, state: TrialState, new: bool) -> None:
@@ -260,50 +250,29 @@ class Ledger:
         self.store.write(state)
         raise BudgetExhausted(f"call refused: {reason}", status)
 
-    def _charge(self, state: TrialState, command: list[str], allowance: int, supervisor: int | None) -> Reservation:
-        limits = state.limits
-        trial_left = limits.trial_timeout - state.elapsed_seconds
-        if limits.call_timeout <= trial_left:
-            run_seconds, deadline_kind = limits.call_timeout, "call"
-        else:
-            run_seconds, deadline_kind = trial_left, "trial"
+    def _charge(
+        self, state: TrialState, command: list[str], allowance: int, supervisor: int | None, timeout: float | None
+    ) -> Reservation:
         # Room in the log for every call in flight's record, this one's included, taken now:
         # a command that fills the disk cannot then keep its own call from being recorded.
-        bound = records.size_bound(limits.max_capture_bytes, command)
+        bound = records.size_bound(state.limits.max_capture_bytes, command)
         durable.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
-        now = time.time()
-        sequence = state.calls + 1
-        pid, token = self.owner
-        state.calls = sequence
-        state.in_flight[sequence] = InFlight(
-            pid=pid,
-            pid_token=token,
-            supervisor=supervisor,
-            supervisor_token=liveness.token(supervisor) if supervisor else None,
-            allowance=allowance,
-            command=command,
-            started_at_utc=clock.utc(now),
-        )
+        reservation = reservation_of.charge(state, command, allowance, self.owner, supervisor, timeout)
         try:
             self.store.write(state)
         except BaseException:
             # The new state may or may not be in place (an interrupt can land just after
             # the rename): if it is, this call must be recovered, not left in flight.
-            self._abandoned.add(sequence)
+            self._abandoned.add(reservation.sequence)
             raise
-        return Reservation(
-            trial_id=state.trial_id,
-            sequence=sequence,
-            allowance=allowance,
-            run_seconds=run_seconds,
-            deadline_kind=deadline_kind,
-            limits=limits,
-            trial_elapsed=state.elapsed_seconds,
-            started_at=now,
-        )
+        return reservation
 
     def reserve_grading(
-        self, overrides: dict[str, Any], command: list[str], preflight: Callable[[TrialState], None] | None = None
+        self,
+        overrides: dict[str, Any],
+        command: list[str],
+        preflight: Callable[[TrialState], None] | None = None,
+        timeout: float | None = None,
     ) -> Reservation:
         """Ready a command the harness runs to grade the agent's work: never refused, never charged.
 
@@ -314,19 +283,9 @@ class Ledger:
         self.directories()
         with self._lock():
             state = self._ready(overrides, preflight)
-            limits = state.limits
-            bound = records.size_bound(limits.max_capture_bytes, command)
+            bound = records.size_bound(state.limits.max_capture_bytes, command)
             durable.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
-            return Reservation(
-                trial_id=state.trial_id,
-                sequence=0,
-                allowance=GRADING_ALLOWANCE,
-                run_seconds=limits.call_timeout,
-                deadline_kind="call",
-                limits=limits,
-                trial_elapsed=state.elapsed(),
-                started_at=time.time(),
-            )
+            return reservation_of.grading(state, timeout)
 
     def commit_grading(self, reservation: Reservation, record: dict[str, Any]) -> TrialState:
         """Log a grading command's record (records.grading); the agent's counters do not change."""
@@ -374,32 +333,6 @@ class Ledger:
                 # forward. The call is delivered as recorded, not failed after the fact.
                 pass
         return state
-
-    def _recover(self, state: TrialState) -> None:
-        """Close calls whose trial-tool died: charged, nothing delivered, allowance released."""
-        for sequence in sorted(state.in_flight):
-            entry = state.in_flight[sequence]
-            if sequence not in self._abandoned and liveness.alive(entry.pid, entry.pid_token):
-                continue  # its owner is alive and still running it
-            self._abandoned.discard(sequence)
-            killed = 0
-            if self._stop_leftovers is not None and isinstance(entry.supervisor, int):
-                killed = self._stop_leftovers(entry.supervisor, entry.supervisor_token)
-            record = records.abandoned(
-                trial_id=state.trial_id,
-                sequence=sequence,
-                command=list(entry.command),
-                started_at_utc=str(entry.started_at_utc),
-                at_utc=clock.utc(time.time()),
-                wall_elapsed=state.elapsed(),
-                owner_pid=entry.pid,
-            )
-            record["processes_killed"] = killed
-            del state.in_flight[sequence]
-            self.store.append(state, record)
-            self.store.write(state)
-            if not state.in_flight:
-                durable.release_tail(self.log_path)
 
 
 __all__ = ["DEFAULT_LOCK_TIMEOUT", "GRADING_ALLOWANCE", "Ledger", "Reservation", "StopLeftovers"]

@@ -1,4 +1,5 @@
-"""Mending after a crash: what the ledger does when the files are not as a clean stop leaves them.
+"""Mending after a crash: what the ledger does when the files are not as a clean stop leaves them,
+and when a call's trial-tool died with it in flight (`recover_abandoned`).
 
 Pure decisions and small self-contained chores; the store does the writing,
 under the ledger's lock. See store.py for the shapes a crash can leave.
@@ -8,15 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import TYPE_CHECKING
 
 from ..errors import StateError
-from . import audit, liveness, records
+from . import audit, clock, durable, liveness, records
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from .state import TrialState
+    from .store import Store
 
 
 def roll_forward(state: TrialState, line: bytes, chain: audit.Chain, log_path: str) -> dict[str, Any]:
@@ -66,4 +70,34 @@ def sweep_temporaries(state_path: str) -> None:
                 pass  # gone already, or not ours to remove
 
 
-__all__ = ["roll_forward", "sweep_temporaries"]
+def recover_abandoned(
+    store: Store, state: TrialState, abandoned: set[int], stop_leftovers: Callable[[int, str | None], int] | None
+) -> None:
+    """Close the calls in flight whose trial-tool died (or that this process gave up on, `abandoned`):
+    charged, nothing delivered, allowance released, and what their commands left running stopped."""
+    for sequence in sorted(state.in_flight):
+        entry = state.in_flight[sequence]
+        if sequence not in abandoned and liveness.alive(entry.pid, entry.pid_token):
+            continue  # its owner is alive and still running it
+        abandoned.discard(sequence)
+        killed = 0
+        if stop_leftovers is not None and isinstance(entry.supervisor, int):
+            killed = stop_leftovers(entry.supervisor, entry.supervisor_token)
+        record = records.abandoned(
+            trial_id=state.trial_id,
+            sequence=sequence,
+            command=list(entry.command),
+            started_at_utc=str(entry.started_at_utc),
+            at_utc=clock.utc(time.time()),
+            wall_elapsed=state.elapsed(),
+            owner_pid=entry.pid,
+        )
+        record["processes_killed"] = killed
+        del state.in_flight[sequence]
+        store.append(state, record)
+        store.write(state)
+        if not state.in_flight:
+            durable.release_tail(store.log_path)
+
+
+__all__ = ["recover_abandoned", "roll_forward", "sweep_temporaries"]

@@ -1,0 +1,113 @@
+"""The per-user server's wire: where its socket is, what names it, and the frames both ends exchange.
+
+Protocol, frames of a 4-byte length and a marshalled dict: the request; the
+server's `{"accepted": True}` once it has taken the call (before that, a
+vanished server is simply started again), or `{"other_world": reason}` when the
+caller's world is not its own (world.py), and the caller runs the call itself; `{"signal": N}` from us when SIGINT,
+SIGTERM or SIGHUP arrives; the answer, `{"exit": N, "result": {...}}` (the
+call's result as `serve` gives it) or `{"exit": N, "error": ..., "error_json": {...}}`.
+
+Light at import, like the client that loads it on every CLI call (userclient.py
+says why): `marshal`, not `json`.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+
+from ..errors import TrialToolError
+from ..serverdir import directory
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+#: Off (in-process calls, as without a server) when set to "off".
+SERVER_ENV = "TRIALTOOL_SERVER"
+#: Seconds the server waits idle before it exits.
+IDLE_ENV = "TRIALTOOL_SERVER_IDLE"
+
+
+def checked_directory(path: str) -> str:
+    """`path`, made 0700 if missing; TrialToolError unless it is a real directory of ours that no one else can open."""
+    import stat
+
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise TrialToolError(f"cannot make the server's directory {path}: {exc.strerror}") from exc
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        msg = (
+            f"the server's directory {path} is not a directory of this user's that only it can open "
+            f"(mode {stat.S_IMODE(info.st_mode):o}, owner {info.st_uid}): refusing it; "
+            f"remove it, or set {SERVER_ENV}=off"
+        )
+        raise TrialToolError(msg)
+    return path
+
+
+def identity(environ: Any = os.environ) -> str:
+    """What names one server: the version, this installation, this process's world, and settings fixed at its start.
+
+    The interpreter is named by its resolved path and prefix, so that `python` and
+    `python3` of one installation reach one server. The world (world.py) gives each
+    set of namespaces, cgroup, credentials and privileges a server of its own.
+    """
+    import zlib
+
+    from .._version import __version__
+    from . import world
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    interpreter = os.path.realpath(sys.executable)
+    # Whether the calls' supervisors make cgroups is fixed when the server starts them.
+    settings = (
+        f"{here}\0{interpreter}\0{sys.prefix}\0{environ.get('TRIALTOOL_CGROUPS', '')}\0{world.digest(world.of())}"
+    )
+    return f"{__version__}-{zlib.crc32(settings.encode()):08x}"
+
+
+def socket_path(environ: Any = os.environ) -> str:
+    return os.path.join(checked_directory(directory(environ)), f"server-{identity(environ)}.sock")
+
+
+def frame(message: dict[str, Any]) -> bytes:
+    """One message as it travels: its length, then the marshalled dict."""
+    data = marshal.dumps(message)
+    return len(data).to_bytes(4, "big") + data
+
+
+class Frames:
+    """Messages read off a connection as they arrive."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+
+    def feed(self) -> bool:
+        """Read what has arrived; False once the other end has closed the connection."""
+        try:
+            chunk = self.sock.recv(1 << 20)
+        except OSError:
+            chunk = b""
+        self.buffer += chunk
+        return bool(chunk)
+
+    def pop(self) -> dict[str, Any] | None:
+        """The next whole message, if one has arrived."""
+        if len(self.buffer) < 4:
+            return None
+        size = int.from_bytes(self.buffer[:4], "big")
+        if len(self.buffer) < 4 + size:
+            return None
+        message: dict[str, Any] = marshal.loads(bytes(self.buffer[4 : 4 + size]))
+        del self.buffer[: 4 + size]
+        return message
+
+
+__all__ = ["IDLE_ENV", "SERVER_ENV", "Frames", "checked_directory", "frame", "identity", "socket_path"]
