@@ -3,11 +3,7 @@
 # then show the state and the log. Leaves the trial in a temporary directory it names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$python" -m venv .venv
-fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
+scripts/install-venv
 tool=.venv/bin/trial-tool
 trial=$(mktemp -d "${TMPDIR:-/tmp}/trialtool-demo.XXXXXX")
 state=$trial/state.json

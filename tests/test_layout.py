@@ -72,6 +72,14 @@ def test_there_are_five_rooms_and_a_small_top() -> None:
     assert sum(_room(name) == "top" for name in MODULES) <= 16
 
 
+def test_no_module_is_over_350_lines() -> None:
+    """A module a maintainer can hold in mind: past this size, one has two jobs."""
+    long = {
+        name: n for name, path in MODULES.items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > 350
+    }
+    assert not long, long
+
+
 def test_no_import_cycle() -> None:
     state: dict[str, int] = {}
 
