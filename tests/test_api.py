@@ -27,6 +27,7 @@ EXPECTED = {
     "StateError",
     "StorageError",
     "Trial",
+    "TrialState",
     "TrialToolError",
     "UsageError",
     "__version__",
@@ -34,6 +35,7 @@ EXPECTED = {
     "handle_tool_call",
     "openai_tool",
     "read_key_file",
+    "toolreply",
 }
 
 

@@ -132,3 +132,84 @@ def test_the_top_imports_no_door() -> None:
     for name, targets in EDGES.items():
         if _room(name) == "top" and name not in ("trialtool", "trialtool.__main__"):
             assert not {t for t in targets if _room(t) == "doors"}, name
+
+
+#: The rooms whose face (their package) is all that other rooms may import.
+FACED = ("trialtool.ledger", "trialtool.process")
+#: What a door may import besides the faces, view/ and the other doors: the Trial and the typed API's modules.
+DOORS_MAY_IMPORT = {
+    "trialtool",
+    "trialtool.trial",
+    "trialtool.call",
+    "trialtool.budget",
+    "trialtool.errors",
+    "trialtool.limits",
+    "trialtool._version",
+    "trialtool.osio",
+    "trialtool.tokens",
+    "trialtool.serverdir",
+}
+
+
+def _statements(name: str) -> list[tuple[str, list[str]]]:
+    """Every import of `name` (type-only ones too): (the module imported from, the names taken)."""
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((target, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+    return [(target, names) for target, names in found if target.split(".")[0] == "trialtool"]
+
+
+def _face_exports(face: str) -> set[str]:
+    """What a face exports: the keys of its `_FACE`."""
+    tree = ast.parse(MODULES[face].read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_FACE" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def test_only_a_rooms_face_is_imported_from_outside_it() -> None:
+    import importlib
+
+    for face in FACED:
+        assert sorted(importlib.import_module(face).__all__) == sorted(_face_exports(face)), face
+    for name in MODULES:
+        for target, names in _statements(name):
+            for face in FACED:
+                if name == face or name.startswith(face + "."):
+                    continue  # the room's own
+                assert not target.startswith(face + "."), f"{name} reaches past {face}'s face into {target}"
+                if target == face:
+                    wrong = set(names) - _face_exports(face)
+                    assert not wrong, f"{name} takes {sorted(wrong)}, which {face} does not export"
+
+
+def test_doors_import_the_trial_the_faces_and_the_view() -> None:
+    for name in MODULES:
+        if _room(name) != "doors":
+            continue
+        for target, _ in _statements(name):
+            allowed = target in DOORS_MAY_IMPORT or target in FACED or _room(target) in ("doors", "view")
+            assert allowed, f"{name} imports {target}"
+
+
+def test_integrations_import_only_the_public_api() -> None:
+    import trialtool
+
+    for name in MODULES:
+        if _room(name) != "integrations":
+            continue
+        for target, names in _statements(name):
+            if _room(target) == "integrations":
+                continue
+            assert target == "trialtool", f"{name} imports {target}, not the public API"
+            assert set(names) <= set(trialtool.__all__), f"{name} takes {names} from trialtool"

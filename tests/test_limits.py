@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from trialtool import LimitMismatch, Limits, UsageError
 from trialtool.doors.options import OPTIONS
-from trialtool.limits import BOUNDS, SANDBOX_SETTINGS, check_pinned, from_overrides, from_state, validate
+from trialtool.limits import BOUNDS, FLAG_OF, SANDBOX_SETTINGS, check_pinned, from_overrides, from_state, validate
 
 ACCEPTED = [
     # (overrides, the field to look at, its normalised value)
@@ -64,10 +65,14 @@ def test_defaults_validate_to_themselves() -> None:
     assert validate(Limits()) == Limits()
 
 
-def test_every_limit_has_one_bound_and_one_flag() -> None:
+def test_every_limit_is_in_every_place() -> None:
+    """The places limits.py's checklist marks: a bound, a flag, and a row in the README's table."""
     flags = {dest for _, dest, _, _, group, _ in OPTIONS if group and group.startswith("limits")}
     assert flags == set(Limits._fields) | set(SANDBOX_SETTINGS) | {"labels"}
     assert set(BOUNDS) == set(Limits._fields) - {"clip"}
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    undocumented = [name for name in Limits._fields if f"| `{FLAG_OF[name]} " not in readme]
+    assert not undocumented, undocumented
 
 
 def test_pinned_limits_round_trip_and_refuse_a_difference() -> None:

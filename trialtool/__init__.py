@@ -1,7 +1,9 @@
 """trialtool: run an agent's tool calls within a trial's exact budgets of calls, tokens and time.
 
 The typed API is `Trial`, `CallRequest`, `Limits`, `CallResult`, `Budget`,
-`read_key_file` and the exception tree rooted in `TrialToolError`; `openai_tool` and `handle_tool_call` wire a
+`TrialState` (what `Trial.init` and `Trial.status` return), `read_key_file`,
+`toolreply` (what an agent reads back from a call, for a harness's own tools)
+and the exception tree rooted in `TrialToolError`; `openai_tool` and `handle_tool_call` wire a
 trial into OpenAI-style function calling. Importing the package has no side
 effects and imports neither tiktoken nor psutil.
 """
@@ -36,8 +38,9 @@ if TYPE_CHECKING:
 
     from .budget import Budget
     from .call import CallRequest, CallResult
+    from .doors import toolreply
     from .doors.openai_tools import ahandle_tool_call, handle_tool_call, openai_tool
-    from .ledger.keys import read_key_file
+    from .ledger import TrialState, read_key_file
     from .limits import Limits
     from .trial import Trial
 
@@ -46,24 +49,37 @@ _LAZY = {
     "Limits": "limits",
     "CallResult": "call",
     "CallRequest": "call",
-    "read_key_file": "ledger.keys",
+    "read_key_file": "ledger",
+    "TrialState": "ledger",
     "Trial": "trial",
     "openai_tool": "doors.openai_tools",
     "handle_tool_call": "doors.openai_tools",
     "ahandle_tool_call": "doors.openai_tools",
+    # A module: what an agent reads back from a call, for a harness's own tools.
+    "toolreply": "doors.toolreply",
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        msg = f"module 'trialtool' has no attribute {name!r}"
-        raise AttributeError(msg)
-    from importlib import import_module
+def _lazy(package: str, exports: dict[str, str], name: str) -> Any:
+    """`name` of `package`'s exports, loaded on first use and kept: the package's `__getattr__` (PEP 562).
 
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
+    `exports` gives each name's module, relative to the package; a name that is
+    its module's own last part is that module (`verify`: the module ledger/verify.py).
+    """
+    module = exports.get(name)
+    if module is None:
+        msg = f"module {package!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+    import sys
+
+    loaded = __import__(f"{package}.{module}", fromlist=["_"])
+    value = loaded if module.rpartition(".")[2] == name else getattr(loaded, name)
+    setattr(sys.modules[package], name, value)
     return value
+
+
+def __getattr__(name: str) -> Any:
+    return _lazy(__name__, _LAZY, name)
 
 
 __all__ = [
@@ -84,6 +100,7 @@ __all__ = [
     "StateError",
     "StorageError",
     "Trial",
+    "TrialState",
     "TrialToolError",
     "UsageError",
     "__version__",
@@ -91,4 +108,5 @@ __all__ = [
     "handle_tool_call",
     "openai_tool",
     "read_key_file",
+    "toolreply",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from .ledger.state import TrialState
+    from .ledger import TrialState
     from .limits import Limits
 
 

@@ -21,8 +21,8 @@ from .verdict import after_delivery
 
 if TYPE_CHECKING:
     from .call import CallRequest, Interrupt
-    from .ledger.reservation import Reservation
-    from .process.outcome import Outcome
+    from .ledger import Reservation
+    from .process import Outcome
 
 
 class Delivery(NamedTuple):

@@ -68,8 +68,18 @@ class Bound(NamedTuple):
     integer: bool
 
 
-#: One row per numeric limit of `Limits` (`clip` is a choice of CLIP_MODES). A new
-#: limit is a field above, a row here, its flag (doors/cli.py), and the code that enforces it.
+#: One row per numeric limit of `Limits` (`clip` is a choice of CLIP_MODES).
+#:
+#: Adding a limit, every place (tests/test_limits.py checks those marked *):
+#: 1. * a field of `Limits` above, with its default, and * its row here;
+#: 2. its name in LATER_FIELDS, so that the states of trials made before it still open;
+#: 3. * its flag: a row of the limits group in doors/options.py's OPTIONS, its dest the field's name;
+#: 4. * its row in README.md's table of limits;
+#: 5. the code that enforces it: a per-call limit in process/ (process/rlimits.py for a resource
+#:    limit, running.py for one the supervisor watches); a budget of the whole trial in budget.py
+#:    (BUDGETS, `refusal`: the ledger and the graders' view follow);
+#: 6. if reaching it is a call status of its own: verdict.py's `judge`, docs/records.md's statuses.
+#: The graders' view and the export show every pinned limit as it is; the fairness check compares them all.
 BOUNDS: dict[str, Bound] = {
     "max_calls": Bound(1, 1_000_000, None, True),
     "max_tokens": Bound(1, 1_000_000_000, None, True),

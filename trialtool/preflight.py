@@ -16,11 +16,10 @@ from collections.abc import Sequence
 from . import tokens
 from .call import CallRequest
 from .errors import StorageError, UsageError
-from .ledger import durable
-from .ledger.state import TrialState
+from .ledger import TrialState, durable
 from .osio import reserve
+from .process import Launcher
 from .process import sandbox as seam
-from .process.launcher import Launcher
 from .sandbox import Pin, Sandbox
 
 

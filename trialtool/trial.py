@@ -21,18 +21,11 @@ from . import budget, delivery
 from .budget import Budget
 from .call import CallRequest, CallResult, Command, Interrupt, current_directory
 from .errors import Interrupted, StateError, TrialToolError
-from .ledger import liveness
-from .ledger.ledger import DEFAULT_LOCK_TIMEOUT, Ledger
-from .ledger.reservation import Reservation
-from .ledger.state import TrialState
+from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation, TrialState, liveness
 from .limits import from_overrides
 from .preflight import Preflight
-from .process import environment
+from .process import ForkServer, Launcher, Outcome, Spec, environment
 from .process import sandbox as seam
-from .process.forkserver import ForkServer
-from .process.launcher import Launcher
-from .process.orders import Spec
-from .process.outcome import Outcome
 
 
 def stop_leftovers(supervisor: int, token: str | None) -> int:
@@ -43,7 +36,7 @@ def stop_leftovers(supervisor: int, token: str | None) -> int:
             os.kill(supervisor, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    from .process.cgroups import kill_leftovers  # a recovery only: cgroups imports pathlib
+    from .process import kill_leftovers  # a recovery only: cgroups imports pathlib
 
     return kill_leftovers(supervisor)
 
@@ -153,7 +146,7 @@ class Trial:
         import asyncio
         import functools
 
-        from .process.interrupts import Cancellation
+        from .process import Cancellation
 
         cancellation = Cancellation()
         future = asyncio.get_running_loop().run_in_executor(

@@ -18,7 +18,7 @@ from .osio import shown
 if TYPE_CHECKING:
     from .call import Interrupt
     from .limits import Limits
-    from .process.outcome import Outcome
+    from .process import Outcome
 
 
 def judge(

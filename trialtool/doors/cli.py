@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any, NoReturn
 
-    from ..ledger.state import TrialState
+    from ..ledger import TrialState
 
 
 def read_stdin(args: Arguments) -> bytes | None:
@@ -96,7 +96,7 @@ def _run_call(args: Arguments, tool_argv: list[str]) -> int:
         if code is not None:
             return code
         # This process has just started the server: this one call runs here.
-    from ..process.launcher import Launcher
+    from ..process import Launcher
 
     # Fork the call's supervisor now, so that it gets ready (prctl, cgroup) while
     # this process imports the rest of trialtool and reserves the call.
@@ -105,10 +105,12 @@ def _run_call(args: Arguments, tool_argv: list[str]) -> int:
         # starts, so that it cannot open this process's stdout through /proc.
         make_undumpable()
         if args.sandbox != "none":
-            from ..process.sandbox.executable import probe_ahead
+            from ..process import sandbox
 
-            probe_ahead(os.path.abspath(args.state))  # whether the pinned bwrap runs, found out while the rest loads
-        from ..process.interrupts import InterruptWatch
+            sandbox.probe_ahead(
+                os.path.abspath(args.state)
+            )  # whether the pinned bwrap runs, found out while the rest loads
+        from ..process import InterruptWatch
         from ..trial import use_launcher
         from .fromflags import request_of, trial_of
 
@@ -219,12 +221,12 @@ def _run(argv: list[str]) -> int:
     if command == "verify":
         import json
 
-        from ..ledger.verify import render, verify
+        from ..ledger import verify as verifying
         from .fromflags import key_of
         from .graders import verdict_exit
 
-        report = verify(args.state, args.log, key_of(args), args.expect_head)
-        print(json.dumps(report.as_json(), indent=2) if args.json else render(report))
+        report = verifying.verify(args.state, args.log, key_of(args), args.expect_head)
+        print(json.dumps(report.as_json(), indent=2) if args.json else verifying.render(report))
         return verdict_exit(report.verdict, strict=args.strict)
     if command in ("status", "show", "report", "export"):
         from . import graders

@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..call import CallRequest, Command
-from ..ledger.keys import key_from_environ, read_key_file
+from ..ledger import key_from_environ, read_key_file
 from .options import Arguments, overrides
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..process.forkserver import ForkServer
+    from ..process import ForkServer
     from ..trial import Trial
 
 

@@ -69,8 +69,7 @@ def _status_document(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def show(args: Arguments, key: bytes | None) -> int:
-    from ..ledger import snapshot
-    from ..ledger.records import START
+    from ..ledger import START, snapshot
     from ..view import render
     from ..view.calls import Replayer
     from ..view.summary import summarize_snapshot
@@ -216,10 +215,10 @@ def report(args: Arguments, key: bytes | None) -> int:
                 writers[chosen](built, out, base if os.path.isdir(base) else os.path.dirname(base))
     finally:
         built.close()
-    from ..ledger.verify import VERDICTS
+    from ..ledger import verify
 
     counts = built.overview["integrity"]
-    worst = next((verdict for verdict in VERDICTS if counts.get(verdict)), "clean")
+    worst = next((verdict for verdict in verify.VERDICTS if counts.get(verdict)), "clean")
     return verdict_exit(worst, strict=args.strict)
 
 

@@ -12,7 +12,7 @@ pay for before that fork (docs/performance.md).
 from __future__ import annotations
 
 from ..errors import UsageError
-from ..ledger.locking import DEFAULT_LOCK_TIMEOUT
+from ..ledger import DEFAULT_LOCK_TIMEOUT
 
 TYPE_CHECKING = False  # typing's own is an import before the fork; mypy reads any TYPE_CHECKING as true
 if TYPE_CHECKING:

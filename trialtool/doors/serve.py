@@ -30,7 +30,7 @@ from typing import Any
 from ..call import CallRequest
 from ..errors import ERROR_CODE, TrialToolError
 from ..osio import write_all
-from ..process.interrupts import Cancellation
+from ..process import Cancellation
 from ..trial import Trial
 
 #: JSON-RPC 2.0 error codes.

@@ -233,7 +233,7 @@ class UserServer:
 
     def _trial(self, args: Arguments, request: dict[str, Any]) -> Any:
         """The Trial for these flags, kept for the next call with the same ones (its log stays trusted)."""
-        from ..process.forkserver import ForkServer
+        from ..process import ForkServer
 
         settings = trial_settings(args, request["env"])
         key = settings["key"]

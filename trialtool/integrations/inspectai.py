@@ -49,11 +49,7 @@ from inspect_ai.util._sandbox.environment import RootAccess, SandboxUserUnsuppor
 from inspect_ai.util._sandbox.limits import verify_read_file_size
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import budget, read_key_file
-from ..doors import toolreply
-from ..errors import EXIT_INTERNAL, BudgetExhausted, TrialToolError, UsageError
-from ..ledger.state import TrialState
-from ..trial import Trial
+from .. import EXIT_INTERNAL, BudgetExhausted, Trial, TrialState, TrialToolError, UsageError, read_key_file, toolreply
 from .inspectexecs import inspects_own, needs_tools_server, scoring
 
 #: The key of the sample's metadata that holds the trial's account.
@@ -117,7 +113,7 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             "log": str(directory / "log.jsonl"),
             "workspace": str(workspace),
             "limits": created.limits._asdict(),
-            "budget": budget.of(created).as_json(),
+            "budget": (await asyncio.to_thread(trial.budget)).as_json(),
             # The log's chain head after the last call: `trial-tool verify --expect-head` checks against it.
             "head": created.log.head,
         }
@@ -207,9 +203,9 @@ class TrialSandboxEnvironment(SandboxEnvironment):
 
     async def _account_from_state(self) -> None:
         """The account's budget and head as the trial's state has them now; published."""
-        state = await asyncio.to_thread(self.trial.status)
-        self.account["budget"] = budget.of(state).as_json()
-        self.account["head"] = state.log.head
+        now = await asyncio.to_thread(self.trial.budget)
+        self.account["budget"] = now.as_json()
+        self.account["head"] = now.head
         self._publish()
 
     async def write_file(self, file: str, contents: str | bytes) -> None:

@@ -26,11 +26,7 @@ from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentCo
 from minisweagent.exceptions import LimitsExceeded, TimeExceeded
 from pydantic import Field
 
-from .. import read_key_file
-from ..budget import of as budget_of
-from ..doors import toolreply
-from ..errors import BudgetExhausted, TrialToolError
-from ..trial import Trial
+from .. import BudgetExhausted, Trial, TrialToolError, read_key_file, toolreply
 
 
 class TrialEnvironmentConfig(LocalEnvironmentConfig):
@@ -117,13 +113,13 @@ class TrialEnvironment(LocalEnvironment):
         """mini's record of the environment, with where the trial's files are and what it used."""
         data = super().serialize()
         try:
-            state = self.trial.status()
+            state, now = self.trial.status(), self.trial.budget()
             account: dict[str, Any] = {
                 "trial_id": state.trial_id,
                 "labels": state.labels,
-                "budget": budget_of(state).as_json(),
+                "budget": now.as_json(),
                 # The log's chain head: `trial-tool verify --expect-head` checks the trial against it.
-                "head": state.log.head,
+                "head": now.head,
             }
         except TrialToolError as exc:
             account = {"budget": {"error": exc.message}}

@@ -7,6 +7,74 @@ mending.py brings them back into step after a crash; verify.py re-checks a
 whole trial from the reading side only. Nothing here imports a front door,
 the process room, or `trial`.
 
-This package imports nothing itself: the CLI loads the lock module before it
-forks a call's supervisor, and must not pay for the rest then.
+This package is the room's face: what other rooms may use of it, loaded on
+first use (the CLI loads the lock module before it forks a call's supervisor,
+and must not pay for the rest then). Its other modules are its own.
 """
+
+from __future__ import annotations
+
+from .. import _lazy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from . import audit, clock, durable, liveness, records, snapshot, verify
+    from .keys import key_from_environ, read_key_file
+    from .ledger import Ledger
+    from .locking import DEFAULT_LOCK_TIMEOUT
+    from .records import GRADING, GRADING_ALLOWANCE, REFUSED, REPAIR, START, whole
+    from .reservation import Reservation
+    from .state import TrialState, decode
+
+#: What other rooms may use, by the module of this room that holds it (a name that is its module's: the module).
+_FACE = {
+    "audit": "audit",
+    "clock": "clock",
+    "decode": "state",
+    "DEFAULT_LOCK_TIMEOUT": "locking",
+    "durable": "durable",
+    "GRADING": "records",
+    "GRADING_ALLOWANCE": "records",
+    "key_from_environ": "keys",
+    "Ledger": "ledger",
+    "liveness": "liveness",
+    "read_key_file": "keys",
+    "records": "records",
+    "REFUSED": "records",
+    "REPAIR": "records",
+    "Reservation": "reservation",
+    "snapshot": "snapshot",
+    "START": "records",
+    "TrialState": "state",
+    "verify": "verify",
+    "whole": "records",
+}
+
+
+def __getattr__(name: str) -> object:
+    # Loaded on first use: the CLI imports one module of this room before it forks, and no more.
+    return _lazy(__name__, _FACE, name)
+
+
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
+    "GRADING",
+    "GRADING_ALLOWANCE",
+    "REFUSED",
+    "REPAIR",
+    "START",
+    "Ledger",
+    "Reservation",
+    "TrialState",
+    "audit",
+    "clock",
+    "decode",
+    "durable",
+    "key_from_environ",
+    "liveness",
+    "read_key_file",
+    "records",
+    "snapshot",
+    "verify",
+    "whole",
+]

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from ..errors import TrialToolError, UsageError
-from ..ledger.records import START
+from ..ledger import START
 from ..limits import Limits
 from . import calls as call_rows
 from .render import spreadsheet_safe

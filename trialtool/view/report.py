@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
 from ..errors import UsageError
-from ..ledger.records import START
+from ..ledger import START
 from . import summary as summaries
 from .calls import Replayer, command_text, mapping
 from .joins import Scores

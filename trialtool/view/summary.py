@@ -16,10 +16,7 @@ from typing import Any
 
 from .. import budget
 from ..errors import StateError, TrialToolError
-from ..ledger import audit, liveness, snapshot
-from ..ledger.records import GRADING, REFUSED, REPAIR, START, whole
-from ..ledger.state import TrialState, decode
-from ..ledger.verify import Report, check
+from ..ledger import GRADING, REFUSED, REPAIR, START, TrialState, audit, decode, liveness, snapshot, verify, whole
 from ..limits import LATER_FIELDS, Limits
 from .calls import mapping, typed
 
@@ -63,7 +60,7 @@ def _state(taken: snapshot.Snapshot, state_path: str, key: bytes | None) -> tupl
         return None, raw
 
 
-def _integrity(report: Report, in_progress: bool) -> dict[str, Any]:
+def _integrity(report: verify.Report, in_progress: bool) -> dict[str, Any]:
     """The trial's verdict (ledger/verify.py's, one word for every graders' command), why, and where."""
     if in_progress and report.verdict in ("failed", "unconfirmed"):
         # The files changed while they were read, or a call's owner is recording it now.
@@ -119,7 +116,7 @@ def summarize_snapshot(
     """
     state, raw = _state(taken, state_path, key)
     keyed = raw.get("chain") == "hmac-sha256"
-    report = check(taken, state_path, key if keyed else None)
+    report = verify.check(taken, state_path, key if keyed else None)
     records = records_of(taken.log)
     in_progress = _in_progress(state, taken)
     statuses: Counter[str] = Counter()
