@@ -72,7 +72,8 @@ def _lazy(package: str, exports: dict[str, str], name: str) -> Any:
         raise AttributeError(msg)
     import sys
 
-    loaded = __import__(f"{package}.{module}", fromlist=["_"])
+    __import__(f"{package}.{module}")
+    loaded = sys.modules[f"{package}.{module}"]
     value = loaded if module.rpartition(".")[2] == name else getattr(loaded, name)
     setattr(sys.modules[package], name, value)
     return value
