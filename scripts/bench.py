@@ -547,10 +547,10 @@ def ledger_figures(tool: str, work: Path, python: str) -> None:
         print(f"  20 calls of `sleep 0.5`, {mode:<22}: {time.perf_counter() - started:6.2f} s")
     code = (
         "import time, tempfile, pathlib\n"
-        "from trialtool.ledger.ledger import Ledger\n"
+        "from trialtool.ledger import Ledger, Settings\n"
         "root = pathlib.Path(tempfile.mkdtemp())\n"
         "ledger = Ledger(root / 's.json', root / 'l.jsonl')\n"
-        "limits = {'max_calls': 100000, 'max_tokens': 10**9}\n"
+        "limits = Settings.of({'max_calls': 100000, 'max_tokens': 10**9})\n"
         "ledger.reserve(limits, ['warm'])\n"
         "n = 300\n"
         "started = time.perf_counter()\n"

@@ -70,6 +70,20 @@ def test_a_request_is_checked_once_and_carried_whole(api: Trial, tmp_path: Path)
     assert api.budget().calls_used == 1
 
 
+def test_settings_are_checked_where_they_enter(trial: TrialFiles) -> None:
+    """A bad limit, sandbox setting or label is refused by Trial() itself: no file is made."""
+    for bad in ({"max_calls": -1}, {"clip": "middle"}, {"network": "wifi"}, {"labels": ["no-equals"]}, {"nope": 1}):
+        with pytest.raises(UsageError):
+            Trial(trial.state, trial.log, limits=bad)
+    assert not trial.state.exists() and not trial.log.exists()
+    settings = Trial(trial.state, trial.log, limits={"max_calls": 3.0, "labels": {"task": "t1"}}).settings
+    assert (settings.limits.max_calls, settings.given, dict(settings.labels or {})) == (
+        3,
+        ("max_calls",),
+        {"task": "t1"},
+    )
+
+
 def test_budget_and_open(trial: TrialFiles) -> None:
     with Trial(trial.state, trial.log, limits={"max_calls": 3, "max_tokens": 100}) as fresh:
         budget = fresh.open()  # creates the trial

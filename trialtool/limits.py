@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from .errors import LimitMismatch, UsageError
@@ -166,10 +167,12 @@ def from_state(data: Any) -> Limits:
 
 def check_pinned(pinned: Limits, overrides: dict[str, Any]) -> None:
     """Refuse a call whose explicitly passed limits differ from the pinned ones."""
-    wanted = from_overrides(overrides)
-    for name in overrides:
-        if name in NOT_LIMITS:
-            continue
+    check_given(pinned, from_overrides(overrides), [name for name in overrides if name not in NOT_LIMITS])
+
+
+def check_given(pinned: Limits, wanted: Limits, given: Iterable[str]) -> None:
+    """Refuse limits `wanted` whose `given` ones differ from the pinned ones (LimitMismatch)."""
+    for name in given:
         if getattr(wanted, name) != getattr(pinned, name):
             msg = (
                 f"{FLAG_OF[name]} {plain(getattr(wanted, name))} differs from the value "
@@ -185,6 +188,7 @@ __all__ = [
     "LATER_FIELDS",
     "Bound",
     "Limits",
+    "check_given",
     "check_pinned",
     "from_overrides",
     "from_state",

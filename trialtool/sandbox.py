@@ -21,7 +21,7 @@ can run here, and how a call is wrapped, are the process room's sandbox seam
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from .errors import LimitMismatch, SandboxError, UsageError
@@ -114,7 +114,7 @@ def split(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return limits, settings
 
 
-def _checked(settings: dict[str, Any]) -> dict[str, Any]:
+def checked(settings: Mapping[str, Any]) -> dict[str, Any]:
     """`settings` with their values checked (UsageError naming the flag); paths not yet resolved."""
     checked = dict(settings)
     mode = settings.get("sandbox")
@@ -179,7 +179,7 @@ def pin(settings: dict[str, Any], available: Available | None) -> Sandbox:
     can run here. SandboxError when bwrap is asked for (or network "none", which
     needs it) and cannot run here.
     """
-    settings = _checked(settings)
+    settings = checked(settings)
     workspace, writable = _paths(settings)
     mode = settings.get("sandbox") or "auto"
     binary: Binary | None = None
@@ -240,7 +240,7 @@ def check_pinned(pinned: Sandbox, settings: dict[str, Any]) -> None:
     """Refuse settings passed now that differ from the pinned ones ("auto" accepts whatever was pinned)."""
     if not settings:
         return
-    settings = _checked(settings)
+    settings = checked(settings)
     mode = settings.get("sandbox")
     if mode is not None and mode != "auto" and mode != pinned.mode:
         _mismatch("sandbox", mode, pinned.mode)
@@ -321,6 +321,7 @@ __all__ = [
     "Pin",
     "Sandbox",
     "check_pinned",
+    "checked",
     "from_state",
     "identity",
     "pin",

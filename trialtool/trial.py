@@ -21,8 +21,7 @@ from . import budget, delivery
 from .budget import Budget
 from .call import CallRequest, CallResult, Command, Interrupt, current_directory
 from .errors import Interrupted, StateError, TrialToolError
-from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation, TrialState, liveness
-from .limits import from_overrides
+from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation, Settings, TrialState, liveness
 from .preflight import Preflight
 from .process import ForkServer, Launcher, Outcome, Spec, environment
 from .process import sandbox as seam
@@ -85,12 +84,14 @@ class Trial:
         #: Files a sandboxed command must not reach besides the state, log and lock (a key file).
         self.hidden_files = [os.fspath(path) for path in hidden_files]
         self._preflight = Preflight(self.ledger.state_path, self.ledger.log_path, self.hidden_files, rank_file)
-        self.overrides = dict(limits or {})
+        given = dict(limits or {})
         if labels is not None:
-            self.overrides["labels"] = dict(labels)
+            given["labels"] = dict(labels)
         if origin is not None:
             # Where the trial is created from when its caller is elsewhere (the per-user server).
-            self.overrides["origin"] = os.fspath(origin)
+            given["origin"] = os.fspath(origin)
+        #: The limits, sandbox settings and labels asked for: checked here, once (UsageError).
+        self.settings = Settings.of(given)
         #: A fork server shared with other Trials (the per-user server's), not closed with this one.
         self._shared_forkserver = fork_server
         self._forkserver: ForkServer | None = None
@@ -114,11 +115,11 @@ class Trial:
 
     def init(self) -> TrialState:
         """Create the trial (and its missing directories) and pin its limits; an existing one is fine if they match."""
-        return self.ledger.open(self.overrides, create_directories=True)
+        return self.ledger.open(self.settings, create_directories=True)
 
     def open(self) -> Budget:
         """Create the trial if it does not exist yet, else check its pinned limits (LimitMismatch); its budget."""
-        return budget.of(self.ledger.open(self.overrides))
+        return budget.of(self.ledger.open(self.settings))
 
     def status(self) -> TrialState:
         """The trial's state now."""
@@ -131,7 +132,7 @@ class Trial:
         except StateError:
             if os.path.lexists(self.ledger.state_path):
                 raise
-            return budget.fresh(from_overrides(self.overrides))  # (sandbox settings are not limits)
+            return budget.fresh(self.settings.limits)
 
     async def arun(self, command: Command, **options: Any) -> CallResult:
         """`run` for asyncio (`acall`)."""
@@ -226,19 +227,15 @@ class Trial:
 
         checks = self._preflight.for_call(request, launcher)
 
-        if self.overrides.get("sandbox") != "none":
+        if self.settings.sandbox.get("sandbox") != "none":
             seam.probe_ahead(self.ledger.state_path)  # its few ms overlap the reservation
-        overrides = self.overrides
-        environ = request.environ
-        if environ is not None:
-            # The caller's PATH, where a trial created now finds its sandbox (the per-user server's callers).
-            overrides = {**overrides, "search_path": environ.get("PATH", ""), "home_path": environ.get("HOME", "")}
+        settings = self.settings if request.environ is None else self.settings.for_caller(request.environ)
         argv = list(request.argv)
         if request.grading:
-            reservation = self.ledger.reserve_grading(overrides, argv, preflight=checks, timeout=request.timeout)
+            reservation = self.ledger.reserve_grading(settings, argv, preflight=checks, timeout=request.timeout)
         else:
             reservation = self.ledger.reserve(
-                overrides,
+                settings,
                 argv,
                 preflight=checks,
                 supervisor=launcher.pid,

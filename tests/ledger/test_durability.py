@@ -23,7 +23,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from tests.conftest import TrialFiles, marked, wait_until
 from trialtool import BudgetExhausted, StorageError, Trial
-from trialtool.ledger import clock, durable, liveness
+from trialtool.ledger import Settings, clock, durable, liveness
 from trialtool.ledger.ledger import Ledger
 from trialtool.ledger.verify import verify
 
@@ -249,7 +249,7 @@ class LedgerMachine(RuleBasedStateMachine):
         unreserved = self.limits["max_tokens"] - self.emitted - reserved
         ledger = self.dead if crash else self.live
         try:
-            reservation = ledger.reserve(self.limits, ["step"])
+            reservation = ledger.reserve(Settings.of(self.limits), ["step"])
         except BudgetExhausted as exc:
             status = exc.status
         else:

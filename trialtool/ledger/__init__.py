@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .locking import DEFAULT_LOCK_TIMEOUT
     from .records import GRADING, GRADING_ALLOWANCE, REFUSED, REPAIR, START, whole
     from .reservation import Reservation
+    from .settings import Settings
     from .state import TrialState, decode
 
 #: What other rooms may use, by the module of this room that holds it (a name that is its module's: the module).
@@ -43,6 +44,7 @@ _FACE = {
     "REFUSED": "records",
     "REPAIR": "records",
     "Reservation": "reservation",
+    "Settings": "settings",
     "snapshot": "snapshot",
     "START": "records",
     "TrialState": "state",
@@ -65,6 +67,7 @@ __all__ = [
     "START",
     "Ledger",
     "Reservation",
+    "Settings",
     "TrialState",
     "audit",
     "clock",

@@ -33,6 +33,7 @@ from . import reservation as reservation_of
 from .locking import DEFAULT_LOCK_TIMEOUT, LedgerLock
 from .records import GRADING_ALLOWANCE
 from .reservation import Reservation
+from .settings import Settings
 from .state import TrialState
 from .store import Store
 
@@ -106,12 +107,12 @@ class Ledger:
 
     # -- the operations ------------------------------------------------------
 
-    def open(self, overrides: dict[str, Any], *, create_directories: bool = False) -> TrialState:
+    def open(self, settings: Settings, *, create_directories: bool = False) -> TrialState:
         """The trial's state, creating the trial if it does not exist; LimitMismatch if its limits differ."""
         self.directories(create=create_directories)
         with self._lock():
             new = not os.path.lexists(self.state_path)
-            state = self.store.open(overrides, create=True)
+            state = self.store.open(settings, create=True)
             self._claim(state, new)
         state.elapsed_seconds = state.elapsed()
         return state
@@ -122,13 +123,13 @@ class Ledger:
             msg = f"no trial at {self.state_path}: create it with `trial-tool init` or a first call"
             raise StateError(msg)
         with self._lock():
-            state = self.store.open({}, create=False)
+            state = self.store.open(None, create=False)
         state.elapsed_seconds = state.elapsed()
         return state
 
     def reserve(
         self,
-        overrides: dict[str, Any],
+        settings: Settings,
         command: list[str],
         preflight: Callable[[TrialState], None] | None = None,
         supervisor: int | None = None,
@@ -154,7 +155,7 @@ class Ledger:
         pause = 0.005
         while True:
             with self._lock(cancelled):
-                state = self._ready(overrides, preflight)
+                state = self._ready(settings, preflight)
                 if self._wait_for_others(state, one_at_a_time, serial):
                     if cancelled is not None:
                         cancelled()
@@ -185,11 +186,11 @@ class Ledger:
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
 
-    def _ready(self, overrides: dict[str, Any], preflight: Callable[[TrialState], None] | None) -> TrialState:
+    def _ready(self, settings: Settings, preflight: Callable[[TrialState], None] | None) -> TrialState:
         """Under the lock, before a command: the trial opened (made, mended), checked, its log claimed,
         and calls whose trial-tool died recovered."""
         new = not os.path.lexists(self.state_path)
-        state = self.store.open(overrides, create=True)
+        state = self.store.open(settings, create=True)
         # The log must take this call's record: found out now, not after the command ran.
         durable.preflight_append(self.log_path)
         if preflight is not None:
@@ -269,7 +270,7 @@ class Ledger:
 
     def reserve_grading(
         self,
-        overrides: dict[str, Any],
+        settings: Settings,
         command: list[str],
         preflight: Callable[[TrialState], None] | None = None,
         timeout: float | None = None,
@@ -282,7 +283,7 @@ class Ledger:
         """
         self.directories()
         with self._lock():
-            state = self._ready(overrides, preflight)
+            state = self._ready(settings, preflight)
             bound = records.size_bound(state.limits.max_capture_bytes, command)
             durable.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
             return reservation_of.grading(state, timeout)
@@ -290,7 +291,7 @@ class Ledger:
     def commit_grading(self, reservation: Reservation, record: dict[str, Any]) -> TrialState:
         """Log a grading command's record (records.grading); the agent's counters do not change."""
         with self._lock():
-            state = self.store.open({}, create=False)
+            state = self.store.open(None, create=False)
             if state.trial_id != reservation.trial_id:
                 msg = f"state {self.state_path} was replaced by another trial during the call"
                 raise StateError(msg)
@@ -312,7 +313,7 @@ class Ledger:
             msg = f"refusing to record {delivered} delivered tokens against an allowance of {reservation.allowance}"
             raise StateError(msg)
         with self._lock():
-            state = self.store.open({}, create=False)
+            state = self.store.open(None, create=False)
             if state.trial_id != reservation.trial_id:
                 msg = f"state {self.state_path} was replaced by another trial during the call"
                 raise StateError(msg)

@@ -21,8 +21,9 @@ from typing import Any
 
 from .. import sandbox
 from ..errors import StateError
-from ..limits import Limits, check_pinned, from_overrides
+from ..limits import Limits, check_given
 from . import audit, clock, durable, labels, mending, records
+from .settings import Settings
 from .state import TrialState, check_against_log, decode, encode
 
 
@@ -112,21 +113,22 @@ class Store:
             raise StateError(msg)
         return TrialState.new(limits, self.chain, pinned, given, os.path.abspath(self.log_path))
 
-    def open(self, overrides: dict[str, Any], *, create: bool) -> TrialState:
-        """The state, checked against its log (and mended after a crash). Under the lock."""
+    def open(self, settings: Settings | None, *, create: bool) -> TrialState:
+        """The state, checked against its log (and mended after a crash), and against the `settings` a
+        caller gave (None: none; a new trial pins them). Under the lock."""
         mending.sweep_temporaries(self.state_path)
-        given, overrides = labels.split(overrides)
+        settings = settings or Settings.of()
         state = self.load()
         if state is None:
             if not create:
                 msg = f"no trial at {self.state_path}: create it with `trial-tool init` or a first call"
                 raise StateError(msg)
-            limits, settings = sandbox.split(overrides)
-            return self.new_state(from_overrides(limits), sandbox.pin(settings, self.sandbox_available), given)
-        labels.check_pinned(state.labels, given)
-        limits, settings = sandbox.split(overrides)
-        check_pinned(state.limits, limits)
-        sandbox.check_pinned(state.sandbox, settings)
+            given = None if settings.labels is None else dict(settings.labels)
+            pinned = sandbox.pin(dict(settings.sandbox), self.sandbox_available)
+            return self.new_state(settings.limits, pinned, given)
+        labels.check_pinned(state.labels, None if settings.labels is None else dict(settings.labels))
+        check_given(state.limits, settings.limits, settings.given)
+        sandbox.check_pinned(state.sandbox, dict(settings.sandbox))
         tail = self._read_tail(state.log)
         last = tail.last
         if tail.extra:
