@@ -44,7 +44,7 @@ _FORK_SERVER = None
 
 def make(job: tuple[str, int, int]) -> int:
     from trialtool import BudgetExhausted, Trial
-    from trialtool.process.forkserver import ForkServer
+    from trialtool.process._forkserver import ForkServer
 
     global _FORK_SERVER
     if _FORK_SERVER is None:

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trialtool import Limits, budget
-from trialtool.ledger.records import REFUSED
+from trialtool.ledger._records import REFUSED
 
 
 @given(

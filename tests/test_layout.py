@@ -106,11 +106,11 @@ def test_the_rooms_below_import_no_door_and_not_trial(room: str) -> None:
             assert not {t for t in targets if _room(t) == other}, f"{name} reaches into {other}/"
 
 
-WRITING = {"trialtool.ledger.ledger", "trialtool.ledger.store", "trialtool.ledger.mending"}
+WRITING = {"trialtool.ledger._ledger", "trialtool.ledger._store", "trialtool.ledger._mending"}
 
 
 def test_verify_imports_nothing_of_the_ledgers_writing_side() -> None:
-    assert not EDGES["trialtool.ledger.verify"] & WRITING
+    assert not EDGES["trialtool.ledger._verify"] & WRITING
 
 
 def test_the_graders_view_only_reads() -> None:
@@ -191,6 +191,14 @@ def test_only_a_rooms_face_is_imported_from_outside_it() -> None:
                 if target == face:
                     wrong = set(names) - _face_exports(face)
                     assert not wrong, f"{name} takes {sorted(wrong)}, which {face} does not export"
+
+
+def test_a_rooms_inner_modules_are_private_by_name() -> None:
+    """Behind a face (the ledger, the process room and its sandbox seam), every module's name says it is the room's own."""
+    for name, path in MODULES.items():
+        inner = any(name.startswith(face + ".") for face in FACED) and path.name != "__init__.py"
+        if inner:
+            assert path.name.startswith("_"), f"{name} sits behind a face: name it _{path.name}"
 
 
 def test_doors_import_the_trial_the_faces_and_the_view() -> None:

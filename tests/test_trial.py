@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from tests.conftest import TrialFiles, marked, wait_until
 from tests.ledger.test_ledger import check_ledger
 from trialtool import Budget, BudgetExhausted, CallRequest, CallResult, Trial, UsageError, tokens
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 
 @pytest.fixture

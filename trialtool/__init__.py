@@ -64,7 +64,8 @@ def _lazy(package: str, exports: dict[str, str], name: str) -> Any:
     """`name` of `package`'s exports, loaded on first use and kept: the package's `__getattr__` (PEP 562).
 
     `exports` gives each name's module, relative to the package; a name that is
-    its module's own last part is that module (`verify`: the module ledger/verify.py).
+    its module's own last part, less a private module's underscore, is that
+    module (`verify`: the module ledger/_verify.py).
     """
     module = exports.get(name)
     if module is None:
@@ -74,7 +75,7 @@ def _lazy(package: str, exports: dict[str, str], name: str) -> Any:
 
     __import__(f"{package}.{module}")
     loaded = sys.modules[f"{package}.{module}"]
-    value = loaded if module.rpartition(".")[2] == name else getattr(loaded, name)
+    value = loaded if module.rpartition(".")[2].lstrip("_") == name else getattr(loaded, name)
     setattr(sys.modules[package], name, value)
     return value
 

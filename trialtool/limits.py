@@ -13,7 +13,7 @@ from .osio import plain
 #: that are not flags: `origin`, the directory a trial is created from (the default workspace),
 #: and `search_path`, the caller's PATH, where the sandbox's executable is looked for then, and
 #: `home_path`, the caller's $HOME, which the sandbox's home layer goes over (`--home trial`).
-#: `labels` travel with them too (ledger/labels.py): who the trial is, pinned like a limit.
+#: `labels` travel with them too (ledger/_labels.py): who the trial is, pinned like a limit.
 SANDBOX_SETTINGS = ("sandbox", "network", "workspace", "writable", "home")
 NOT_LIMITS = (*SANDBOX_SETTINGS, "origin", "search_path", "home_path", "labels")
 
@@ -76,8 +76,8 @@ class Bound(NamedTuple):
 #: 2. its name in LATER_FIELDS, so that the states of trials made before it still open;
 #: 3. * its flag: a row of the limits group in doors/options.py's OPTIONS, its dest the field's name;
 #: 4. * its row in README.md's table of limits;
-#: 5. the code that enforces it: a per-call limit in process/ (process/rlimits.py for a resource
-#:    limit, running.py for one the supervisor watches); a budget of the whole trial in budget.py
+#: 5. the code that enforces it: a per-call limit in process/ (process/_rlimits.py for a resource
+#:    limit, _running.py for one the supervisor watches); a budget of the whole trial in budget.py
 #:    (BUDGETS, `refusal`: the ledger and the graders' view follow);
 #: 6. if reaching it is a call status of its own: verdict.py's `judge`, docs/records.md's statuses.
 #: The graders' view and the export show every pinned limit as it is; the fairness check compares them all.

@@ -7,7 +7,7 @@ gives its bytes, and `shown` gives text that a strict JSON parser and a person
 can read (U+FFFD where the bytes are not UTF-8). The audit log records such a
 value with `shown` beside a base64 twin of its exact bytes.
 
-Kept apart from ledger/durable.py (durable writes of the trial's files) because
+Kept apart from ledger/_durable.py (durable writes of the trial's files) because
 the process room and the front doors need these too, and must not depend on
 the ledger for them.
 """

@@ -76,7 +76,7 @@ class Sandbox(NamedTuple):
     #: Why "auto" resolved to none, in the sandbox's own words (None otherwise).
     fallback: str | None = None
     #: "trial": the command's $HOME is a layer of the trial's own over the host's (mode bwrap,
-    #: process/sandbox/home.py); "host": the host's, read-only like the rest of its root.
+    #: process/sandbox/_home.py); "host": the host's, read-only like the rest of its root.
     home: str = "host"
     #: The host's home directory (canonical) the layer goes over, when `home` is "trial".
     home_path: str | None = None

@@ -49,12 +49,12 @@ class Trial:
     too (docs/sandbox.md); `hidden_files` names files besides the trial's own
     that its sandboxed commands must not reach, such as the file the key came from.
     `labels` say who the trial is (task, sample, epoch, model): pinned at creation
-    like the limits, and shown by every graders' command (ledger/labels.py).
+    like the limits, and shown by every graders' command (ledger/_labels.py).
 
     `run` may be called from several threads at once (and `arun` from several
     asyncio tasks): each call is reserved, run and committed on its own. The
     supervisors come from a fork server started on the first call
-    (forkserver.py), so the calling process may have threads; `close()` (or
+    (_forkserver.py), so the calling process may have threads; `close()` (or
     leaving a `with` block) stops it, else it ends with the process. The
     encoder is built once per process, on the first output that needs counting.
     """

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import COMMAND_PY, TrialFiles, strict_records
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 PY = sys.executable
 

@@ -16,7 +16,7 @@ from tests.conftest import TrialFiles
 from tests.doors.test_serve import by_id, lines, session
 from trialtool import Trial
 from trialtool.errors import UsageError
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 #: Writes to both streams, in an order a reader of two pipes could not keep.
 INTERLEAVED = "echo 1; echo 2 >&2; echo 3; echo 4 >&2"

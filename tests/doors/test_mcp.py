@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from tests.conftest import ESCAPE, TrialFiles
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 mcp = pytest.importorskip("mcp", reason="the mcp extra is not installed (pip install 'trialtool[mcp]')")
 from mcp import Client  # noqa: E402

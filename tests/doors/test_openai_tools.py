@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import TrialFiles
 from trialtool import Trial, handle_tool_call, openai_tool
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import TrialFiles, strict_records
 from trialtool import Trial, TrialToolError
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 EXAMPLES = int(os.environ.get("TRIALTOOL_HYPOTHESIS_EXAMPLES", "150")) // 6 or 1
 SLOW = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

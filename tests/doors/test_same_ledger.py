@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import TrialFiles
 from trialtool import BudgetExhausted, Trial, handle_tool_call
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 LIMITS = {"max_calls": 3, "max_call_tokens": 40}
 FLAGS = ["--max-calls", "3", "--max-call-tokens", "40"]

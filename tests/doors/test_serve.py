@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ESCAPE, TrialFiles, marked, wait_until
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 
 def serve_argv(trial: TrialFiles, *flags: str) -> list[str]:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import TrialFiles
 from trialtool.doors.shim import runs_something
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 
 @pytest.mark.parametrize(

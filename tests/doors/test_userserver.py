@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from tests.conftest import TrialFiles, marked, stop_servers
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the per-user server is Linux only")
 

@@ -22,7 +22,7 @@ from inspect_ai.util import sandbox
 
 from tests.conftest import strict_records
 from trialtool.integrations.inspectai import TrialSandboxConfig
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 from trialtool.tokens import seed_tiktoken_cache
 
 # inspect and its dependencies warn of deprecations of theirs and leave anyio streams of

@@ -17,7 +17,7 @@ from minisweagent.models.test_models import DeterministicModel, make_output
 
 from tests.conftest import strict_records
 from trialtool.integrations.minisweagent import SUBMIT
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 AGENT = {"system_template": "You run commands.", "instance_template": "{{task}}", "step_limit": 10, "cost_limit": 0}
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import TrialFiles, strict_records
 from trialtool import Trial, TrialToolError
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 PAGE = 4096
 
@@ -62,7 +62,7 @@ def test_a_full_disk_at_each_write_charges_only_what_was_delivered(small_disk: P
     files = TrialFiles(small_disk)
     delivered: list[tuple[str, int]] = []
     failures: list[TrialToolError] = []
-    # A capture cap this disk can hold: each call reserves room for its capture and record (ledger.py).
+    # A capture cap this disk can hold: each call reserves room for its capture and record (_ledger.py).
     # The host's home, not a layer of the trial's beside the state: this disk is the ledger's to fill.
     limits = {"max_calls": 1000, "max_call_tokens": 3000, "max_capture_bytes": 8192, "home": "host"}
     with Trial(files.state, files.log, limits=limits) as api:

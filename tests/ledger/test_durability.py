@@ -24,8 +24,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 from tests.conftest import TrialFiles, marked, wait_until
 from trialtool import BudgetExhausted, StorageError, Trial
 from trialtool.ledger import Settings, clock, durable, liveness
-from trialtool.ledger.ledger import Ledger
-from trialtool.ledger.verify import verify
+from trialtool.ledger._ledger import Ledger
+from trialtool.ledger._verify import verify
 
 EXAMPLES = int(os.environ.get("TRIALTOOL_HYPOTHESIS_EXAMPLES", "150"))
 

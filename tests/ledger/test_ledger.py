@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import COMMAND_PY, TrialFiles, marked, wait_until
 from trialtool import BudgetExhausted, Trial
-from trialtool.ledger.audit import GENESIS
+from trialtool.ledger._audit import GENESIS
 
 EXAMPLES = int(os.environ.get("TRIALTOOL_HYPOTHESIS_EXAMPLES", "150"))
 

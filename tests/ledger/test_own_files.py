@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TrialFiles, strict_records
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 
 def one_line(done: subprocess.CompletedProcess[bytes]) -> str:

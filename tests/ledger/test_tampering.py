@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from trialtool import BudgetExhausted, Trial
 from trialtool.ledger import audit
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 EXAMPLES = int(os.environ.get("TRIALTOOL_HYPOTHESIS_EXAMPLES", "150"))
 KEY = b"k" * 32

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TrialFiles, minimal_env
+from trialtool.ledger import _state as statefile
 from trialtool.ledger import audit
-from trialtool.ledger import state as statefile
-from trialtool.ledger.verify import verify
+from trialtool.ledger._verify import verify
 
 KEY = "0123456789abcdef0123456789abcdef"
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from trialtool import UsageError
-from trialtool.process.environment import build, parse_assignment
+from trialtool.process._environment import build, parse_assignment
 
 BASE = {"PATH": "/bin", "HOME": "/root", "SECRET": "s", "TRIALTOOL_LEDGER_KEY": "k", "LANG": "C"}
 

@@ -181,7 +181,7 @@ def test_a_commit_between_the_reads_is_not_taken_for_damage(files: TrialFiles, m
     """A call committed just after the log was read: the snapshot reads again rather than pair old log, new state."""
     from trialtool import Trial
     from trialtool.ledger import durable, snapshot
-    from trialtool.ledger.verify import check
+    from trialtool.ledger._verify import check
 
     make_trial(files.state, files.log, ["echo one"])
     real_read = durable.read_bytes

@@ -21,7 +21,7 @@ from .options import Arguments
 EXIT_NOT_INTACT = 1
 REPORT_FORMATS = ("table", "json", "csv", "markdown", "html")
 
-#: `verify`'s and `report`'s exit code for each verdict (ledger/verify.py); those of `unconfirmed`
+#: `verify`'s and `report`'s exit code for each verdict (ledger/_verify.py); those of `unconfirmed`
 #: and `in_flight`, a crash or a call under way, only with --strict (without it, 0).
 EXIT_OF_VERDICT = {"clean": 0, "failed": 1, "unverified": 3, "unconfirmed": 4, "in_flight": 5}
 

@@ -294,7 +294,7 @@ def _labels(task_name: str, state: Any) -> dict[str, str]:
         for name, value in (("run", active.run_id), ("eval", active.eval_id), ("eval_set", active.eval_set_id)):
             if value:
                 labels[name] = str(value)
-    # A label is printable text of bounded length (ledger/labels.py); a sample id may be neither.
+    # A label is printable text of bounded length (ledger/_labels.py); a sample id may be neither.
     return {name: "".join(ch if ch.isprintable() else "?" for ch in value)[:1024] for name, value in labels.items()}
 
 

@@ -1,9 +1,9 @@
 """The ledger: a trial's state document and audit log, and every change made to them.
 
-`Ledger` (ledger.py) reserves and commits calls under a lock; store.py keeps
-the state file and the log in step; the state document (state.py), the
-chained log (audit.py) and the records' schema (records.py) are its data;
-mending.py brings them back into step after a crash; verify.py re-checks a
+`Ledger` (_ledger.py) reserves and commits calls under a lock; _store.py keeps
+the state file and the log in step; the state document (_state.py), the
+chained log (_audit.py) and the records' schema (_records.py) are its data;
+_mending.py brings them back into step after a crash; _verify.py re-checks a
 whole trial from the reading side only. Nothing here imports a front door,
 the process room, or `trial`.
 
@@ -18,38 +18,44 @@ from .. import _lazy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from . import audit, clock, durable, liveness, records, snapshot, verify
-    from .keys import key_from_environ, read_key_file
-    from .ledger import Ledger
-    from .locking import DEFAULT_LOCK_TIMEOUT
-    from .records import GRADING, GRADING_ALLOWANCE, REFUSED, REPAIR, START, whole
-    from .reservation import Reservation
-    from .settings import Settings
-    from .state import TrialState, decode
+    from . import _audit as audit
+    from . import _clock as clock
+    from . import _durable as durable
+    from . import _liveness as liveness
+    from . import _records as records
+    from . import _snapshot as snapshot
+    from . import _verify as verify
+    from ._keys import key_from_environ, read_key_file
+    from ._ledger import Ledger
+    from ._locking import DEFAULT_LOCK_TIMEOUT
+    from ._records import GRADING, GRADING_ALLOWANCE, REFUSED, REPAIR, START, whole
+    from ._reservation import Reservation
+    from ._settings import Settings
+    from ._state import TrialState, decode
 
 #: What other rooms may use, by the module of this room that holds it (a name that is its module's: the module).
 _FACE = {
-    "audit": "audit",
-    "clock": "clock",
-    "decode": "state",
-    "DEFAULT_LOCK_TIMEOUT": "locking",
-    "durable": "durable",
-    "GRADING": "records",
-    "GRADING_ALLOWANCE": "records",
-    "key_from_environ": "keys",
-    "Ledger": "ledger",
-    "liveness": "liveness",
-    "read_key_file": "keys",
-    "records": "records",
-    "REFUSED": "records",
-    "REPAIR": "records",
-    "Reservation": "reservation",
-    "Settings": "settings",
-    "snapshot": "snapshot",
-    "START": "records",
-    "TrialState": "state",
-    "verify": "verify",
-    "whole": "records",
+    "audit": "_audit",
+    "clock": "_clock",
+    "decode": "_state",
+    "DEFAULT_LOCK_TIMEOUT": "_locking",
+    "durable": "_durable",
+    "GRADING": "_records",
+    "GRADING_ALLOWANCE": "_records",
+    "key_from_environ": "_keys",
+    "Ledger": "_ledger",
+    "liveness": "_liveness",
+    "read_key_file": "_keys",
+    "records": "_records",
+    "REFUSED": "_records",
+    "REPAIR": "_records",
+    "Reservation": "_reservation",
+    "Settings": "_settings",
+    "snapshot": "_snapshot",
+    "START": "_records",
+    "TrialState": "_state",
+    "verify": "_verify",
+    "whole": "_records",
 }
 
 

@@ -1,10 +1,10 @@
 """The process room: run one command as a contained tree, and report what happened.
 
-A call's supervisor is forked ahead of the call (launcher.py), directly or by a
-fork server for threaded callers (forkserver.py); it gets ready (supervisor.py),
-spawns the command (spawn.py), watches it against its deadline, output cap and
-resource limits (running.py, capture.py, cgroups.py), and reaps the whole tree
-(reaper.py). The result comes back as an `Outcome` (outcome.py). Nothing here
+A call's supervisor is forked ahead of the call (_launcher.py), directly or by a
+fork server for threaded callers (_forkserver.py); it gets ready (_supervisor.py),
+spawns the command (_spawn.py), watches it against its deadline, output cap and
+resource limits (_running.py, _capture.py, _cgroups.py), and reaps the whole tree
+(_reaper.py). The result comes back as an `Outcome` (_outcome.py). Nothing here
 imports the ledger's writing side, a front door, or `trial`.
 
 This package is the room's face: what other rooms may use of it (the sandbox
@@ -18,25 +18,26 @@ from .. import _lazy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from . import environment, sandbox
-    from .cgroups import kill_leftovers
-    from .forkserver import ForkServer
-    from .interrupts import Cancellation, InterruptWatch
-    from .launcher import Launcher
-    from .orders import Spec
-    from .outcome import Outcome
+    from . import _environment as environment
+    from . import sandbox
+    from ._cgroups import kill_leftovers
+    from ._forkserver import ForkServer
+    from ._interrupts import Cancellation, InterruptWatch
+    from ._launcher import Launcher
+    from ._orders import Spec
+    from ._outcome import Outcome
 
 #: What other rooms may use, by the module of this room that holds it (a name that is its module's: the module).
 _FACE = {
-    "Cancellation": "interrupts",
-    "environment": "environment",
-    "ForkServer": "forkserver",
-    "InterruptWatch": "interrupts",
-    "kill_leftovers": "cgroups",
-    "Launcher": "launcher",
-    "Outcome": "outcome",
+    "Cancellation": "_interrupts",
+    "environment": "_environment",
+    "ForkServer": "_forkserver",
+    "InterruptWatch": "_interrupts",
+    "kill_leftovers": "_cgroups",
+    "Launcher": "_launcher",
+    "Outcome": "_outcome",
     "sandbox": "sandbox",
-    "Spec": "orders",
+    "Spec": "_orders",
 }
 
 

@@ -77,7 +77,7 @@ def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
     used = summary["used"]
     integrity = summary["integrity"]
     verdict = integrity["verdict"]
-    # The verdict's own word (ledger/verify.py), as every graders' command says it.
+    # The verdict's own word (ledger/_verify.py), as every graders' command says it.
     intact = "FAILED" if verdict == "failed" else verdict
     lines = [
         f"trial     {summary['trial_id']}  ({summary['state']})",

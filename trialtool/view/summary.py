@@ -1,6 +1,6 @@
 """One trial summed up for a grader: its limits, what it used, what stopped it, whether it is intact.
 
-Everything here reads a trial's files at one moment (ledger/snapshot.py),
+Everything here reads a trial's files at one moment (ledger/_snapshot.py),
 without the lock, and never writes. A summary is a plain JSON-able dict (its
 shape is documented in docs/graders.md), so that worker processes can hand it
 back cheaply and every output format reads the same fields.
@@ -61,7 +61,7 @@ def _state(taken: snapshot.Snapshot, state_path: str, key: bytes | None) -> tupl
 
 
 def _integrity(report: verify.Report, in_progress: bool) -> dict[str, Any]:
-    """The trial's verdict (ledger/verify.py's, one word for every graders' command), why, and where."""
+    """The trial's verdict (ledger/_verify.py's, one word for every graders' command), why, and where."""
     if in_progress and report.verdict in ("failed", "unconfirmed"):
         # The files changed while they were read, or a call's owner is recording it now.
         why = report.why or "a call is being recorded"

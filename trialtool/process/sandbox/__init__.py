@@ -16,11 +16,12 @@ This face is what the other rooms use; the modules behind it are the seam's own.
 
 from __future__ import annotations
 
-from . import bwrap, none
-from .base import Backend
-from .bwrap import Plan
-from .executable import available, probe_ahead, settle, unavailable
-from .layout import Layout
+from . import _bwrap as bwrap
+from . import _none as none
+from ._base import Backend
+from ._bwrap import Plan
+from ._executable import available, probe_ahead, settle, unavailable
+from ._layout import Layout
 
 #: Every backend, by the name a trial pins.
 BACKENDS: dict[str, Backend] = {"none": none, "bwrap": bwrap}

@@ -1,6 +1,6 @@
 """A small process that forks call supervisors for a long-lived, possibly threaded, Python process.
 
-The CLI forks each call's supervisor from itself (launcher.py): it is a fresh,
+The CLI forks each call's supervisor from itself (_launcher.py): it is a fresh,
 single-threaded process. A harness that embeds trialtool is neither: it has
 threads (asyncio's executor, its own), and forking a threaded process can
 deadlock the child on a lock another thread held. It also carries a large heap
@@ -61,7 +61,7 @@ class ForkServer:
         # path is appended (never prepended: that could shadow the standard library).
         code = (
             "import sys; sys.argv[1] in sys.path or sys.path.append(sys.argv[1]); "
-            "from trialtool.process.forkserver import main; main(int(sys.argv[2]))"
+            "from trialtool.process._forkserver import main; main(int(sys.argv[2]))"
         )
         # stdout is /dev/null: nothing it or a supervisor prints can reach the caller's
         # stdout, which may be a protocol stream (serve, mcp).
@@ -158,7 +158,7 @@ class _Server:
         """A supervisor made ready for the next call, and our end of its socket; None if fork failed."""
         import signal
 
-        from . import supervisor
+        from . import _supervisor as supervisor
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -258,7 +258,7 @@ def main(fd: int) -> None:
     request, so that a call does not wait for the cgroup join; a new one is
     forked as soon as one is handed out.
     """
-    from . import supervisor
+    from . import _supervisor as supervisor
 
     # Imported and loaded once here, so that no supervisor pays for it.
     supervisor.preload()

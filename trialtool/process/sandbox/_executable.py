@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from ...errors import SandboxError
 from ...osio import plain
 from ...sandbox import Binary
-from .layout import inside
+from ._layout import inside
 
 #: The descriptor bwrap writes its JSON status to, in bwrap's own process.
 STATUS_FD = 3

@@ -41,9 +41,9 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from ...sandbox import Binary, Pin
-from . import pinned
-from .executable import overlay_works
-from .layout import inside
+from . import _pinned as pinned
+from ._executable import overlay_works
+from ._layout import inside
 
 #: Where the sandbox shows the host's home read-only, for the directory layer's links.
 VIEW = "/run/trialtool/host-home"

@@ -4,7 +4,7 @@ A sandboxed command may write its workspace. Where trial-tool itself lives
 there (a virtualenv in the repository, an editable install of a checkout that
 is the workspace), a command could plant a `.pth` file or edit a module, and
 the harness's next call would run it on the host. So every such path is bound
-read-only inside the sandbox (layout.py): the interpreter and its prefixes,
+read-only inside the sandbox (_layout.py): the interpreter and its prefixes,
 every directory on this process's import path, the trialtool package, the
 pycache prefix, the rank file. A path outside every writable path needs
 nothing: the sandbox sees the host's root read-only. An import path entry

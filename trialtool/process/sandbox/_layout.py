@@ -8,7 +8,7 @@
   host lifts the overmount in every sandbox that has it.
 - The per-user servers' directories (serverdir.py): covered by an empty tmpfs,
   wherever they are.
-- trial-tool's own files (ownfiles.py) inside a writable path: bound read-only
+- trial-tool's own files (_ownfiles.py) inside a writable path: bound read-only
   on top.
 - Writable paths nested in one another: the inner one is bound after the outer.
 
@@ -46,7 +46,7 @@ class Layout(NamedTuple):
     protected: tuple[str, ...] = ()
     #: Directories inside a writable path covered by an empty tmpfs (a server's directory).
     masked: tuple[str, ...] = ()
-    #: The trial's home layer (home.py), when its sandbox has one.
+    #: The trial's home layer (_home.py), when its sandbox has one.
     home: Any = None
 
     @property

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from . import durable
+from . import _durable as durable
 
 #: Reads of state, log, state before the trial is called "moving" (a writer at work the whole time).
 _ATTEMPTS = 5

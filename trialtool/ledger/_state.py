@@ -19,8 +19,9 @@ from ..limits import Limits, from_state
 from ..osio import plain
 from ..sandbox import UNSANDBOXED, Sandbox
 from ..sandbox import from_state as sandbox_from_state
-from . import audit, clock
-from .records import Totals
+from . import _audit as audit
+from . import _clock as clock
+from ._records import Totals
 
 SCHEMA = "trialtool.state"
 VERSION = 1
@@ -108,7 +109,7 @@ class TrialState:
         self.rank_file = rank_file
         #: The sandbox pinned at creation (none for a trial older than sandboxes).
         self.sandbox = sandbox
-        #: Who the trial is (labels.py, beside this module): pinned at creation, never read back to decide anything.
+        #: Who the trial is (_labels.py, beside this module): pinned at creation, never read back to decide anything.
         self.labels: dict[str, str] = {} if labels is None else labels
         #: The log's absolute path when the trial was created: where `report` looks first for it
         #: (it pairs a state with a log by trial id; the files may have moved since).

@@ -206,7 +206,7 @@ def failed(
 def size_bound(max_capture_bytes: int, command: list[str]) -> int:
     """Bytes a call's record can take at most: both streams' capture in base64, the command twice, the rest.
 
-    Reserved in the log before the command starts (ledger.py), so that the record
+    Reserved in the log before the command starts (_ledger.py), so that the record
     always fits, however full the disk then is.
     """
     streams = 2 * 4 * -(-max_capture_bytes // 3)

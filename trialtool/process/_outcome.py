@@ -6,7 +6,7 @@ import os
 from typing import Any, NamedTuple
 
 from ..errors import StorageError
-from .capture import EMPTY_SHA256
+from ._capture import EMPTY_SHA256
 
 
 class Outcome(NamedTuple):

@@ -1,7 +1,7 @@
 """`trial-tool verify`: check a whole trial, the log's chain, every record's totals, and the state.
 
-Read-only, and independent of the ledger's writing side (ledger.py, store.py,
-mending.py): it recomputes the totals from the records one by one with the
+Read-only, and independent of the ledger's writing side (_ledger.py, _store.py,
+_mending.py): it recomputes the totals from the records one by one with the
 same rule the ledger uses (records.apply), so a state or a log edited by hand,
 a line deleted, changed or moved, or a state restored from an older copy shows
 up as the first record (or the state) where the numbers stop adding up.
@@ -28,9 +28,11 @@ from typing import Any, NamedTuple
 
 from ..errors import StateError, StorageError
 from ..osio import plain
-from . import audit, liveness, snapshot
-from .records import START, Totals, apply, whole
-from .state import TrialState, decode
+from . import _audit as audit
+from . import _liveness as liveness
+from . import _snapshot as snapshot
+from ._records import START, Totals, apply, whole
+from ._state import TrialState, decode
 
 
 class Problem(NamedTuple):
@@ -101,7 +103,7 @@ def verify(
     """Check the trial at `state_path` and `log_path`; never raises for what it finds.
 
     StateError (exit 125: it cannot run) when there is no trial there at all.
-    The files are read without the lock, at one moment (snapshot.py).
+    The files are read without the lock, at one moment (_snapshot.py).
     `expect_head` is the chain head the harness was handed after the last call it
     made: a log that ends anywhere else fails, so that a record appended with a
     correct link (which the files alone would take for a crash) is caught.

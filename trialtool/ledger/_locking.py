@@ -30,7 +30,7 @@ import os
 import time
 
 from ..errors import LockTimeout, StorageError
-from .durable import open_own
+from ._durable import open_own
 
 TYPE_CHECKING = False  # not typing's: see cli.py
 if TYPE_CHECKING:

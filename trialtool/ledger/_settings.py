@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from .. import sandbox
 from ..limits import Limits, from_overrides
-from . import labels
+from . import _labels as labels
 
 
 class Settings(NamedTuple):

@@ -11,7 +11,7 @@ The lock is held only to reserve and to commit, never while a command runs:
 
 A call is charged from its reservation, so a trial-tool killed at any point
 refunds nothing. How the files stay in step across crashes, and what is
-durable when, is store.py's. A call that was running at a power loss and
+durable when, is _store.py's. A call that was running at a power loss and
 never delivered may come back uncharged if its reservation had not reached
 the disk; its record, if written, charges it (mending.roll_forward).
 """
@@ -28,14 +28,19 @@ from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, Usa
 from ..limits import FLAG_OF
 from ..osio import plain, require_directory
 from ..sandbox import Available
-from . import audit, clock, durable, liveness, mending, records
-from . import reservation as reservation_of
-from .locking import DEFAULT_LOCK_TIMEOUT, LedgerLock
-from .records import GRADING_ALLOWANCE
-from .reservation import Reservation
-from .settings import Settings
-from .state import TrialState
-from .store import Store
+from . import _audit as audit
+from . import _clock as clock
+from . import _durable as durable
+from . import _liveness as liveness
+from . import _mending as mending
+from . import _records as records
+from . import _reservation as reservation_of
+from ._locking import DEFAULT_LOCK_TIMEOUT, LedgerLock
+from ._records import GRADING_ALLOWANCE
+from ._reservation import Reservation
+from ._settings import Settings
+from ._state import TrialState
+from ._store import Store
 
 #: Stops what an abandoned call left running, given its supervisor's pid and liveness
 #: token; returns how many processes it killed. The process room provides it.

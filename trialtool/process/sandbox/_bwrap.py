@@ -7,14 +7,14 @@ The view the command gets (docs/sandbox.md):
   host's daemons); the trial's own /tmp (a directory beside the state, kept
   across the trial's calls); the workspace and the writable paths bound
   read-write, each by the descriptor that checked it against its pin
-  (pinned.py);
+  (_pinned.py);
 - the trial's files, the per-user servers' directories and trial-tool's own
-  files kept from it as layout.py says;
+  files kept from it as _layout.py says;
 - new user, ipc, uts, cgroup, pid and network namespaces (the network one
   shared back with --network host); no capabilities even as root; no nested
   user namespaces; a new session; killed if its supervisor dies.
 
-bwrap itself is found, pinned and probed by executable.py.
+bwrap itself is found, pinned and probed by _executable.py.
 
 bwrap reports on a status descriptor: a JSON document with `exit-code` once
 the command has run and ended. Without it, bwrap exited 1 because it could not
@@ -32,9 +32,11 @@ from ... import serverdir
 from ...errors import SandboxError, UsageError
 from ...osio import plain
 from ...sandbox import Pin, Sandbox
-from . import home, ownfiles, pinned
-from .executable import ISOLATION, STATUS_FD, check_binary, probe
-from .layout import Layout, inside, layout
+from . import _home as home
+from . import _ownfiles as ownfiles
+from . import _pinned as pinned
+from ._executable import ISOLATION, STATUS_FD, check_binary, probe
+from ._layout import Layout, inside, layout
 
 #: The first of the descriptors bwrap binds from (`--bind-fd`): the pinned paths, opened by the supervisor.
 FIRST_BIND_FD = 4
@@ -48,7 +50,7 @@ SETS_OPEN_FILES = True
 
 def own(top: int) -> set[int]:
     """bwrap's monitor (`top`) and its direct children (the pid namespace's init)."""
-    from .. import reaper
+    from .. import _reaper as reaper
 
     return {top, *reaper.children(top)}
 

@@ -1,17 +1,17 @@
 """Fork the call's supervisor early, send it its orders, wait for its result.
 
-trial-tool forks a supervisor per call (supervisor.py) as soon as it knows where
+trial-tool forks a supervisor per call (_supervisor.py) as soon as it knows where
 the trial lives, before it imports the rest of trialtool or reserves the call,
 so that the supervisor's set-up (prctl, its cgroup) overlaps that work. Hence
 this module imports nothing heavy at load time. Then it sends the orders and
 waits, in one `select` with no polling interval, for three things: the
 supervisor's result line, the supervisor's exit (a pidfd on Linux), and an
-interrupt descriptor (a signal wakeup pipe, from interrupts.py). An interrupt
+interrupt descriptor (a signal wakeup pipe, from _interrupts.py). An interrupt
 is passed on as a stop request; the supervisor then stops the tree and reports
 as usual, so an interrupted call is still recorded.
 
 A threaded or long-lived caller (the API) gets its supervisor from a fork
-server instead (forkserver.py). The rest is the same, except that the
+server instead (_forkserver.py). The rest is the same, except that the
 supervisor is then not our child: its closing the result pipe, which it does
 once everything is reaped, ends the wait, not its exit.
 """
@@ -23,15 +23,15 @@ import sys
 
 from ..errors import StorageError, TrialToolError
 from ..osio import require_directory, write_all
-from .capture import open_unlinked
+from ._capture import open_unlinked
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .forkserver import ForkServer
-    from .orders import Spec
-    from .outcome import Outcome
+    from ._forkserver import ForkServer
+    from ._orders import Spec
+    from ._outcome import Outcome
 
 
 class Launcher:
@@ -45,7 +45,7 @@ class Launcher:
     def __init__(self, spool_dir: str, forkserver: ForkServer | None = None) -> None:
         self.spool_dir = spool_dir
         #: Where the supervisor comes from: a fork of this process, or of a fork server
-        #: (for threaded callers, see forkserver.py).
+        #: (for threaded callers, see _forkserver.py).
         self.forkserver = forkserver
         self.pid = -1
         self._result_r = self._control_w = self._watch_fd = -1
@@ -84,7 +84,7 @@ class Launcher:
         if self.pid == 0:  # the supervisor
             os.close(self._result_r)
             os.close(self._control_w)
-            from .supervisor import run_call
+            from ._supervisor import run_call
 
             run_call(self.spools, result_w, control_r, parent)
         os.close(result_w)
@@ -110,8 +110,8 @@ class Launcher:
     def run(self, spec: Spec, interrupt_fd: int | None = None) -> Outcome:
         """Run the call `spec` orders until its command exits, reaches the deadline, passes a limit, or is
         interrupted (`interrupt_fd` readable)."""
-        from .orders import encode
-        from .outcome import outcome
+        from ._orders import encode
+        from ._outcome import outcome
 
         assert self.spools is not None and self.pid > 0, "run() once, inside the with block"
         try:

@@ -2,7 +2,7 @@
 and when a call's trial-tool died with it in flight (`recover_abandoned`).
 
 Pure decisions and small self-contained chores; the store does the writing,
-under the ledger's lock. See store.py for the shapes a crash can leave.
+under the ledger's lock. See _store.py for the shapes a crash can leave.
 """
 
 from __future__ import annotations
@@ -13,14 +13,18 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import StateError
-from . import audit, clock, durable, liveness, records
+from . import _audit as audit
+from . import _clock as clock
+from . import _durable as durable
+from . import _liveness as liveness
+from . import _records as records
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from .state import TrialState
-    from .store import Store
+    from ._state import TrialState
+    from ._store import Store
 
 
 def roll_forward(state: TrialState, line: bytes, chain: audit.Chain, log_path: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ def read_key_file(path: str, setting: str = "--key-file") -> bytes:
 
     `setting` names where the path came from, for the message.
     """
-    from .durable import read_input
+    from ._durable import read_input
 
     try:
         key = read_input(path).rstrip(b"\r\n")

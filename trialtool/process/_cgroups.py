@@ -11,7 +11,7 @@ its files can be written. What it offers, in order of preference:
 
 The command joins every leaf from its pre-exec hook, so everything it ever
 forks is born inside. Without any of this, the supervisor's subreaper sweep
-and resource limits do the work (see supervisor.py), and the record says which
+and resource limits do the work (see _supervisor.py), and the record says which
 mechanism enforced each limit.
 """
 

@@ -5,11 +5,11 @@ comes back to it), to call waitpid(-1) without stealing another call's child,
 and to outlive trial-tool just long enough to kill the tree if trial-tool is
 SIGKILLed (its parent-death signal). It is a fork, not an exec, because a new
 interpreter would cost an interpreter's start a call: the CLI forks it before any threads
-exist; the API gets it from its fork server (forkserver.py), which keeps one
+exist; the API gets it from its fork server (_forkserver.py), which keeps one
 ready (`run_spare`).
 
 This module is its life around the call: get ready (signals, subreaper, death
-signal, cgroup), read the orders, have running.py run the command, and write
+signal, cgroup), read the orders, have _running.py run the command, and write
 one JSON result line to trial-tool before exiting, whatever happened.
 """
 
@@ -23,19 +23,19 @@ import sys
 from typing import Any, NamedTuple, NoReturn
 
 from ..osio import make_undumpable, prctl, write_all
-from . import reaper
-from .capture import Spool
-from .cgroups import CallGroup
-from .interrupts import SupervisorSignals as Signals
-from .orders import Spec, decode, input_size
-from .running import supervise
+from . import _reaper as reaper
+from ._capture import Spool
+from ._cgroups import CallGroup
+from ._interrupts import SupervisorSignals as Signals
+from ._orders import Spec, decode, input_size
+from ._running import supervise
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
 def preload() -> None:
-    """Import and load now what every supervisor needs, for a process that forks many (forkserver.py)."""
+    """Import and load now what every supervisor needs, for a process that forks many (_forkserver.py)."""
     import hashlib  # noqa: F401  (the spools hash what they keep)
 
     prctl(0, 0, load_only=True)
@@ -88,7 +88,7 @@ def run_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, parent
 
 
 def run_spare(call_socket: int, parent_pid: int) -> NoReturn:
-    """A supervisor made ready ahead of any call (forkserver.py), then given one.
+    """A supervisor made ready ahead of any call (_forkserver.py), then given one.
 
     Joining a cgroup is slow on some kernels (cgroup v1 waits for an RCU
     grace period), so the fork server keeps one supervisor ready at all times.

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from ..errors import StateError
-from . import durable
+from . import _durable as durable
 
 GENESIS = "0" * 64
 

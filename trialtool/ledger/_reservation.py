@@ -6,9 +6,10 @@ import time
 from typing import NamedTuple
 
 from ..limits import Limits
-from . import clock, liveness
-from .records import GRADING_ALLOWANCE
-from .state import InFlight, TrialState
+from . import _clock as clock
+from . import _liveness as liveness
+from ._records import GRADING_ALLOWANCE
+from ._state import InFlight, TrialState
 
 
 class Reservation(NamedTuple):

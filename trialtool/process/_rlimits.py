@@ -6,9 +6,9 @@ import os
 import resource
 
 from ..limits import Limits
-from .cgroups import CallGroup
-from .orders import Spec
-from .sandbox.base import Backend
+from ._cgroups import CallGroup
+from ._orders import Spec
+from .sandbox._base import Backend
 
 
 def for_exec(limits: Limits, group: CallGroup, backend: Backend) -> list[tuple[int, tuple[int, int]]]:

@@ -5,7 +5,7 @@ exit, the deadline, trial-tool's stop requests (the control pipe) and the
 supervisor's own signals; there is no polling interval, except for the
 fallback process cap where no pids cgroup could be made. When the command
 ends, for whatever reason, every descendant is killed and reaped before the
-result is returned (reaper.py).
+result is returned (_reaper.py).
 """
 
 from __future__ import annotations
@@ -20,15 +20,17 @@ from typing import Any
 
 from ..errors import SandboxError
 from ..sandbox import Pin
-from . import reaper, sandbox
-from .capture import Spool
-from .cgroups import CallGroup
-from .interrupts import SupervisorSignals as Signals
-from .orders import Spec
-from .rlimits import for_exec, take_callers
-from .sandbox import bwrap, pinned
-from .sandbox.base import Backend
-from .spawn import Child, spawn
+from . import _reaper as reaper
+from . import sandbox
+from ._capture import Spool
+from ._cgroups import CallGroup
+from ._interrupts import SupervisorSignals as Signals
+from ._orders import Spec
+from ._rlimits import for_exec, take_callers
+from ._spawn import Child, spawn
+from .sandbox import _pinned as pinned
+from .sandbox import bwrap
+from .sandbox._base import Backend
 
 #: exec errors that mean "found, but cannot be run" (exit 126).
 _NOT_EXECUTABLE = frozenset(

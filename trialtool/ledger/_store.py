@@ -1,6 +1,6 @@
 """The state file and the audit log as one consistent pair: read checked, mended after a crash, written in step.
 
-The ledger (ledger.py) holds the lock around every use of a `Store`. Each
+The ledger (_ledger.py) holds the lock around every use of a `Store`. Each
 locked step appends at most one record and then replaces the state, so a crash
 leaves the log at most one record ahead of the state, or with a torn last line:
 `open` rolls that record forward, or cuts the torn line off and logs the
@@ -22,9 +22,14 @@ from typing import Any
 from .. import sandbox
 from ..errors import StateError
 from ..limits import Limits, check_given
-from . import audit, clock, durable, labels, mending, records
-from .settings import Settings
-from .state import TrialState, check_against_log, decode, encode
+from . import _audit as audit
+from . import _clock as clock
+from . import _durable as durable
+from . import _labels as labels
+from . import _mending as mending
+from . import _records as records
+from ._settings import Settings
+from ._state import TrialState, check_against_log, decode, encode
 
 
 class Store:
