@@ -75,7 +75,7 @@ _TRUST = r"""
 import json, os, socket, statistics, sys, tempfile, time
 from pathlib import Path
 from trialtool import Trial
-from trialtool.doors import userclient, userserver, userwire, world
+from trialtool.doors import userwire, world
 runs = int(sys.argv[1])
 root = Path(tempfile.mkdtemp())
 (root / "ws").mkdir()
@@ -97,7 +97,7 @@ listener = socket.socket(socket.AF_UNIX)
 listener.bind(str(root / "s.sock")); listener.listen(8)
 client = socket.socket(socket.AF_UNIX); client.connect(str(root / "s.sock"))
 conn, _ = listener.accept()
-out["peer check (server, a call)"] = median(lambda: userserver._foreign(conn, os.getpid()))
+out["peer check (server, a call)"] = median(lambda: world.foreign_peer(conn, os.getpid()))
 out["world in the socket name (client, a call)"] = median(userwire.identity)
 print(json.dumps(out))
 """
