@@ -194,7 +194,7 @@ def test_only_a_rooms_face_is_imported_from_outside_it() -> None:
 
 
 def test_a_rooms_inner_modules_are_private_by_name() -> None:
-    """Behind a face (the ledger, the process room and its sandbox seam), every module's name says it is the room's own."""
+    """Behind a face (the ledger's, the process room's, its sandbox seam's), a module's name says it is the room's."""
     for name, path in MODULES.items():
         inner = any(name.startswith(face + ".") for face in FACED) and path.name != "__init__.py"
         if inner:

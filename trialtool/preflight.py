@@ -3,7 +3,7 @@
 Its input within the trial's `max_stdin_bytes`; the o200k_base file there, with
 the right hash; room on disk for its output's capture; and, for a sandboxed
 trial, bwrap and every pinned path as pinned, the call's directory visible,
-the trial's /tmp and home made. The ledger runs these (`Ledger.reserve`'s
+the trial's /tmp and home made, or its container running. The ledger runs these (`Ledger.reserve`'s
 `preflight`) once it has read the trial's state, so that they see its pinned
 limits and sandbox.
 """
@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from . import tokens
 from .call import CallRequest
 from .errors import StorageError, UsageError
 from .ledger import TrialState, durable
+from .limits import Limits
 from .osio import reserve
-from .process import Launcher
+from .process import Launcher, Spec
 from .process import sandbox as seam
 from .sandbox import Pin, Sandbox
 
@@ -37,6 +39,7 @@ class Preflight:
         #: The rank file as the last check located it (tokens.locate).
         self.rank_path: str | None = None
         self._plans: dict[Sandbox, seam.Plan] = {}
+        self._containers: dict[Sandbox, seam.Container] = {}
 
     def plan(self, sandbox: Sandbox) -> seam.Plan:
         """The trial's sandbox plan (where its files are hidden), made once per pinned sandbox."""
@@ -48,9 +51,19 @@ class Preflight:
             plan = self._plans[sandbox] = seam.Plan(sandbox, path, files, self.rank_path)
         return plan
 
+    def container(self, sandbox: Sandbox) -> seam.Container:
+        """The trial's container as its calls use it (mode docker), made once per pinned sandbox."""
+        container = self._containers.get(sandbox)
+        if container is None:
+            files = [self.state_path, self.log_path, self.state_path + ".lock", *self.hidden_files]
+            container = self._containers[sandbox] = seam.Container(sandbox, self.state_path, self.log_path, files)
+        return container
+
     def one_at_a_time(self, state: TrialState) -> bool:
-        """Whether the trial's calls must run one at a time (its files inside a writable path)."""
-        return state.sandbox.mode != "none" and self.plan(state.sandbox).layout.exposed
+        """Whether the trial's calls must run one at a time: in its container (what runs there besides
+        the container's own is the call's), or with its files inside a writable path."""
+        mode = state.sandbox.mode
+        return mode == "docker" or (mode == "bwrap" and self.plan(state.sandbox).layout.exposed)
 
     def check_rank_file(self, state: TrialState) -> None:
         """The rank file is there and has the right hash, or nothing is charged.
@@ -77,6 +90,53 @@ class Checks:
         self.request = request
         self.launcher = launcher
         self.sandboxed: tuple[seam.Plan, Pin, seam.Layout] | None = None
+        #: Mode docker: the trial's container, running, and how a call runs in it.
+        self.contained: tuple[seam.Container, seam.Started] | None = None
+
+    def spec(self, env: dict[str, str], started: float, deadline: float, limits: Limits) -> Spec:
+        """The supervisor's orders for the checked call: its command as its backend runs it."""
+        request = self.request
+        argv = list(request.argv)
+        run_argv, binds, container, backend = argv, [], None, "none"
+        cwd = request.cwd or os.getcwd()
+        if self.contained is not None:
+            # The command runs in the trial's container; the client runs here, with this process's environment.
+            inside, started_in = self.contained
+            run_argv = inside.argv(started_in, argv, cwd, request.env, request.unset_env, request.stdin is not None)
+            env, container, backend = dict(os.environ), started_in.name, "docker"
+        elif self.sandboxed is not None:
+            plan, tmp, hide = self.sandboxed
+            run_argv, pinned = plan.wrap(argv, cwd, tmp, hide, limits.max_open_files)
+            binds, backend = [(index, *pin) for index, pin in pinned], plan.sandbox.mode
+        return Spec(
+            run_argv,
+            request.cwd,
+            env,
+            started,
+            deadline,
+            limits,
+            backend=backend,
+            umask=request.umask,
+            caller_rlimits=request.rlimits or (),
+            stdin=request.stdin,
+            merge=request.merge_output,
+            binds=tuple(binds),
+            container=container,
+        )
+
+    def container_record(self) -> dict[str, Any] | None:
+        """What the call's record says of the container that ran it (mode docker), else None."""
+        if self.contained is None:
+            return None
+        sandbox, started = self.contained[0].sandbox, self.contained[1]
+        return {
+            "name": started.name,
+            "id": started.id,
+            "image": sandbox.image,
+            "image_id": sandbox.image_id,
+            # Why a container was made for this call (the trial's first, or the last one gone); None: it was running.
+            "made": started.made,
+        }
 
     def __call__(self, state: TrialState) -> None:
         limits = state.limits
@@ -89,9 +149,13 @@ class Checks:
             raise UsageError(msg)
         self.preflight.check_rank_file(state)
         _reserve_spools(self.launcher, limits.max_capture_bytes)
-        self.sandboxed = None
+        self.sandboxed = self.contained = None
         if state.sandbox.mode == "none":
             seam.settle()
+            return
+        if state.sandbox.mode == "docker":
+            container = self.preflight.container(state.sandbox)
+            self.contained = (container, container.ready(state.trial_id, limits, state.calls))
             return
         request = self.request
         plan = self.preflight.plan(state.sandbox)

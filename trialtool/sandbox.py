@@ -1,21 +1,22 @@
 """The trial's sandbox settings: what its commands may see, write and reach, pinned when the trial is created.
 
-The settings travel with the limits (the same overrides from every door) under
-four names: `sandbox` (none, bwrap, auto), `network` (none, host), `workspace`
-(the directory the command may write) and `writable` (more paths it may
-write). `pin` resolves them once, at creation, into what the state keeps:
+The settings travel with the limits: `sandbox` (none, bwrap, docker, auto),
+`network` (none, host), `workspace` (the directory the command may write),
+`writable` (more paths), `home`, and `image` (docker's). `pin` resolves them
+once, at creation, into what the state keeps:
 
 - "auto" becomes bwrap where a tiny sandboxed command runs on this machine, and
   none where it does not, with bwrap's own words for why (`fallback`);
-- the bwrap executable is pinned by absolute path and identity (`binary`),
-  never looked up on PATH again;
+- the bwrap executable, or docker's client, is pinned by absolute path and
+  identity (`binary`), never looked up on PATH again; docker's image by its
+  id (`image_id`), never resolved by its name again;
 - the workspace and writable paths become canonical, and are pinned by
   identity (`pins`: device and inode), so that a path a command renamed or
   replaced by a symlink is refused rather than followed.
 
-`check_pinned` refuses a later use that asks for something else. Whether bwrap
-can run here, and how a call is wrapped, are the process room's sandbox seam
-(process/sandbox/): `pin` is handed its answer, and imports nothing of it.
+`check_pinned` refuses a later use that asks for something else. What can run
+here, and how a call is wrapped, are the sandbox seam's (process/sandbox/):
+`pin` is handed its answers.
 """
 
 from __future__ import annotations
@@ -28,19 +29,13 @@ from .errors import LimitMismatch, SandboxError, UsageError
 from .limits import SANDBOX_SETTINGS
 from .osio import plain
 
-MODES = ("none", "bwrap")
+MODES = ("none", "bwrap", "docker")
 NETWORKS = ("none", "host")
 HOMES = ("host", "trial")
 #: The override names that are sandbox settings rather than limits.
 SETTINGS = (*SANDBOX_SETTINGS, "origin", "search_path", "home_path")
 #: The flag of each setting, for messages.
-FLAG_OF = {
-    "sandbox": "--sandbox",
-    "network": "--network",
-    "workspace": "--workspace",
-    "writable": "--writable",
-    "home": "--home",
-}
+FLAG_OF = {name: f"--{name}" for name in SANDBOX_SETTINGS}
 
 
 class Pin(NamedTuple):
@@ -80,18 +75,17 @@ class Sandbox(NamedTuple):
     home: str = "host"
     #: The host's home directory (canonical) the layer goes over, when `home` is "trial".
     home_path: str | None = None
+    #: Mode docker: the image as named, and its id (what every container of the trial is made from).
+    image: str | None = None
+    image_id: str | None = None
 
     def as_json(self) -> dict[str, Any]:
+        images = ("image", "image_id") if self.mode != "docker" else ()  # a container's only
         return {
-            "mode": self.mode,
-            "network": self.network,
-            "workspace": self.workspace,
+            **{name: value for name, value in self._asdict().items() if name not in images},
             "writable": list(self.writable),
             "binary": None if self.binary is None else self.binary._asdict(),
             "pins": [pin._asdict() for pin in self.pins],
-            "fallback": self.fallback,
-            "home": self.home,
-            "home_path": self.home_path,
         }
 
     @property
@@ -100,11 +94,12 @@ class Sandbox(NamedTuple):
         return tuple(sorted({path for path in (self.workspace, *self.writable) if path is not None}, key=len))
 
 
-#: What a trial created before sandboxes existed holds: nothing.
-UNSANDBOXED = Sandbox()
+UNSANDBOXED = Sandbox()  # what a trial created before sandboxes existed holds: nothing
 
 #: Given the paths a command could write and the PATH to search, the bwrap executable to pin, or why none.
 Available = Callable[[tuple[str, ...], "str | None"], "tuple[Binary | None, str | None]"]
+#: Given an image, the PATH to search and the writable paths: the container client and the image's id, or why none.
+ContainerAvailable = Callable[[str, "str | None", tuple[str, ...]], "tuple[Binary | None, str | None, str | None]"]
 
 
 def split(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -119,8 +114,13 @@ def checked(settings: Mapping[str, Any]) -> dict[str, Any]:
     checked = dict(settings)
     mode = settings.get("sandbox")
     if mode is not None and mode not in (*MODES, "auto"):
-        msg = f"--sandbox must be one of none, bwrap, auto, not {plain(mode)}"
+        msg = f"--sandbox must be one of none, bwrap, docker, auto, not {plain(mode)}"
         raise UsageError(msg)
+    image = settings.get("image")
+    if image is not None and (not isinstance(image, str) or not image or not image.isprintable()):
+        raise UsageError(f"--image must name an image, not {plain(image)}")
+    if image is not None and mode not in (None, "docker"):
+        raise UsageError("--image goes with --sandbox docker")
     network = settings.get("network")
     if network is not None and network not in NETWORKS:
         msg = f"--network must be one of {', '.join(NETWORKS)}, not {plain(network)}"
@@ -172,16 +172,19 @@ def _paths(settings: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     return workspace, writable
 
 
-def pin(settings: dict[str, Any], available: Available | None) -> Sandbox:
+def pin(settings: dict[str, Any], available: Available | None, containers: ContainerAvailable | None = None) -> Sandbox:
     """The sandbox a new trial pins: "auto" resolved on this machine, the executable and paths pinned.
 
     `available` (the seam's, process/sandbox/) says which bwrap to pin, or why none
-    can run here. SandboxError when bwrap is asked for (or network "none", which
-    needs it) and cannot run here.
+    can run here; `containers`, which container client and image. SandboxError when
+    bwrap is asked for (or network "none", which needs it) and cannot run here, or
+    docker is and its image cannot.
     """
     settings = checked(settings)
     workspace, writable = _paths(settings)
     mode = settings.get("sandbox") or "auto"
+    if mode == "docker" or settings.get("image") is not None:
+        return _container(settings, workspace, writable, containers)
     binary: Binary | None = None
     fallback: str | None = None
     if mode != "none":
@@ -207,6 +210,28 @@ def pin(settings: dict[str, Any], available: Available | None) -> Sandbox:
     return Sandbox(
         "bwrap", settings.get("network") or "none", workspace, writable, binary, pins, home=home, home_path=home_path
     )
+
+
+def _container(
+    settings: dict[str, Any], workspace: str, writable: tuple[str, ...], containers: ContainerAvailable | None
+) -> Sandbox:
+    """A docker trial's sandbox: the client pinned, the image by its id; the home is the image's."""
+    image = settings.get("image")
+    if settings.get("sandbox") != "docker" or not isinstance(image, str):
+        raise UsageError("--sandbox docker needs --image IMAGE, and --image goes with --sandbox docker only")
+    if settings.get("home") is not None:
+        raise UsageError("--home is bwrap's: a container's $HOME is its image's")
+    roots = tuple(sorted({workspace, *writable}, key=len))
+    binary, image_id, reason = (
+        (None, None, "no container backend")
+        if containers is None
+        else containers(image, settings.get("search_path"), roots)
+    )
+    if binary is None or image_id is None:
+        raise SandboxError(f"--sandbox docker: {reason}")
+    pins = tuple(identity(path) for path in (workspace, *writable))
+    network = settings.get("network") or "none"
+    return Sandbox("docker", network, workspace, writable, binary, pins, image=image, image_id=image_id)
 
 
 def _home(settings: dict[str, Any], workspace: str, writable: tuple[str, ...]) -> tuple[str, str | None]:
@@ -250,6 +275,9 @@ def check_pinned(pinned: Sandbox, settings: dict[str, Any]) -> None:
     home = settings.get("home")
     if home is not None and home != pinned.home:
         _mismatch("home", home, pinned.home)
+    image = settings.get("image")
+    if image is not None and image != pinned.image:
+        _mismatch("image", image, pinned.image)
     if settings.get("workspace") is not None or settings.get("writable"):
         workspace, writable = _paths(settings)
         if settings.get("workspace") is not None and workspace != pinned.workspace:
@@ -273,8 +301,8 @@ def from_state(data: Any) -> Sandbox:
         return UNSANDBOXED
     if not isinstance(data, dict) or not _FIRST_FIELDS <= set(data) <= set(Sandbox._fields):
         raise ValueError("the sandbox is malformed")
-    writable = data["writable"]
-    workspace = data["workspace"]
+    workspace, writable = data["workspace"], data["writable"]
+    images = (data.get("image"), data.get("image_id")) if data["mode"] == "docker" else ()
     if (
         data["mode"] not in MODES
         or data["network"] not in NETWORKS
@@ -285,6 +313,7 @@ def from_state(data: Any) -> Sandbox:
         or data.get("home", "host") not in HOMES
         or not isinstance(data.get("home_path"), str | None)
         or (data.get("home") == "trial" and not isinstance(data.get("home_path"), str))
+        or not all(isinstance(value, str) for value in images)
     ):
         raise ValueError("the sandbox is malformed")
     try:
@@ -294,17 +323,8 @@ def from_state(data: Any) -> Sandbox:
         raise ValueError("the sandbox is malformed") from exc
     if (binary is not None and not _typed(binary, str, int)) or not all(_typed(pin, str, int) for pin in pins):
         raise ValueError("the sandbox is malformed")
-    return Sandbox(
-        data["mode"],
-        data["network"],
-        workspace,
-        tuple(writable),
-        binary,
-        pins,
-        data.get("fallback"),
-        data.get("home", "host"),
-        data.get("home_path"),
-    )
+    later = {name: data[name] for name in ("fallback", "home", "home_path", "image", "image_id") if name in data}
+    return Sandbox(data["mode"], data["network"], workspace, tuple(writable), binary, pins, **later)
 
 
 def _typed(row: tuple[Any, ...], first: type, rest: type) -> bool:
@@ -318,6 +338,7 @@ __all__ = [
     "UNSANDBOXED",
     "Available",
     "Binary",
+    "ContainerAvailable",
     "Pin",
     "Sandbox",
     "check_pinned",

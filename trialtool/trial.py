@@ -23,7 +23,7 @@ from .call import CallRequest, CallResult, Command, Interrupt, current_directory
 from .errors import Interrupted, StateError, TrialToolError
 from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation, Settings, TrialState, liveness
 from .preflight import Preflight
-from .process import ForkServer, Launcher, Outcome, Spec, environment
+from .process import ForkServer, Launcher, Outcome, environment
 from .process import sandbox as seam
 
 
@@ -80,6 +80,7 @@ class Trial:
             key=key,
             stop_leftovers=stop_leftovers,
             sandbox_available=seam.available,
+            container_available=seam.docker.available,
         )
         #: Files a sandboxed command must not reach besides the state, log and lock (a key file).
         self.hidden_files = [os.fspath(path) for path in hidden_files]
@@ -124,6 +125,18 @@ class Trial:
     def status(self) -> TrialState:
         """The trial's state now."""
         return self.ledger.status()
+
+    def remove_container(self) -> bool:
+        """Stop and remove the trial's container (--sandbox docker), if it has one running; whether it had.
+
+        The trial's files stay; its next call, if any, starts a new container (and its record says so).
+        """
+        state = self.status()
+        binary = state.sandbox.binary
+        if state.sandbox.mode != "docker" or binary is None:
+            return False
+        seam.docker.check_binary(binary)
+        return seam.docker.remove(binary.path, seam.docker.name_of(state.trial_id))
 
     def budget(self) -> Budget:
         """What the trial has used and has left now (all of it, if it does not exist yet; nothing is created)."""
@@ -219,7 +232,7 @@ class Trial:
 
     def _reserve_and_run(
         self, request: CallRequest, env: dict[str, str], interrupt: Interrupt | None, launcher: Launcher
-    ) -> tuple[Outcome, Reservation, float, bool]:
+    ) -> tuple[Outcome, Reservation, float, dict[str, Any] | bool]:
         def cancelled() -> None:
             if interrupt is not None and interrupt.signum is not None:
                 msg = f"{interrupt.reason} before the call started; nothing ran and nothing is charged"
@@ -227,7 +240,7 @@ class Trial:
 
         checks = self._preflight.for_call(request, launcher)
 
-        if self.settings.sandbox.get("sandbox") != "none":
+        if self.settings.sandbox.get("sandbox") not in ("none", "docker"):
             seam.probe_ahead(self.ledger.state_path)  # its few ms overlap the reservation
         settings = self.settings if request.environ is None else self.settings.for_caller(request.environ)
         argv = list(request.argv)
@@ -246,26 +259,7 @@ class Trial:
         started_wall = time.time()
         started = time.monotonic()
         try:
-            run_argv, binds = argv, []
-            if checks.sandboxed is not None:
-                plan, tmp, hide = checks.sandboxed
-                cwd = request.cwd or os.getcwd()
-                run_argv, pinned = plan.wrap(argv, cwd, tmp, hide, reservation.limits.max_open_files)
-                binds = [(index, *pin) for index, pin in pinned]
-            spec = Spec(
-                run_argv,
-                request.cwd,
-                env,
-                started,
-                started + reservation.run_seconds,
-                reservation.limits,
-                backend="none" if checks.sandboxed is None else checks.sandboxed[0].sandbox.mode,
-                umask=request.umask,
-                caller_rlimits=request.rlimits or (),
-                stdin=request.stdin,
-                merge=request.merge_output,
-                binds=tuple(binds),
-            )
+            spec = checks.spec(env, started, started + reservation.run_seconds, reservation.limits)
             outcome = launcher.run(spec, None if interrupt is None else interrupt.fd)
         except TrialToolError as exc:
             self._commit_failure(reservation, delivery.failed(reservation, request, started_wall, exc.message))
@@ -276,7 +270,7 @@ class Trial:
             # (this process lives on, so nothing else would).
             self.ledger.abandon(reservation.sequence)
             raise
-        return outcome, reservation, started_wall, checks.sandboxed is not None
+        return outcome, reservation, started_wall, checks.container_record() or checks.sandboxed is not None
 
     def _commit_failure(self, reservation: Reservation, record: dict[str, Any]) -> None:
         """Record a call that trial-tool itself failed to run; it stays charged."""
@@ -297,13 +291,15 @@ class Trial:
         outcome: Outcome,
         started_wall: float,
         interrupt: Interrupt | None,
-        sandboxed: bool,
+        sandboxed: dict[str, Any] | bool,
     ) -> CallResult:
         rank_path = self._preflight.rank_path
         assert rank_path is not None  # set by the reservation's preflight
         (out, err, status, record), code = delivery.settle(
-            outcome, reservation, request, interrupt, rank_path, started_wall, sandboxed
+            outcome, reservation, request, interrupt, rank_path, started_wall, bool(sandboxed)
         )
+        if isinstance(sandboxed, dict):
+            record["container"] = sandboxed  # which container and image ran it, and whether it was made for it
         if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)
             state = self.ledger.commit_grading(reservation, record)
         else:

@@ -238,6 +238,10 @@ def _run(argv: list[str]) -> int:
         return _install_shim(args)
     if command == "server":
         return _server_command(args.action)
+    if command in ("close", "gc"):
+        from . import containers
+
+        return containers.close(args) if command == "close" else containers.gc(args)
     if command in ("serve", "mcp"):
         return _serve(args)
     import json

@@ -19,10 +19,10 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
 #: The commands on a trial; `server` is about the per-user server and takes no trial.
-_TRIAL = ("run", "init", "status", "show", "verify", "serve", "mcp", "shim")
+_TRIAL = ("run", "init", "status", "show", "verify", "serve", "mcp", "shim", "close")
 #: The graders' commands over many trials, named by paths.
 _MANY = ("report", "export")
-SUBCOMMANDS = (*_TRIAL, *_MANY, "server")
+SUBCOMMANDS = (*_TRIAL, *_MANY, "server", "gc")
 _CALLING = ("run", "init", "serve", "mcp", "shim")
 _SERVING = ("serve", "mcp")
 _ENCODING = ("run", "serve", "mcp", "shim")
@@ -85,7 +85,15 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
         _LIMIT,
         "bytes a call may pass to its command's stdin",
     ),
-    ("--sandbox", "sandbox", "text", _CALLING, _LIMIT, "run commands in a sandbox: none, bwrap, or auto (default)"),
+    (
+        "--sandbox",
+        "sandbox",
+        "text",
+        _CALLING,
+        _LIMIT,
+        "run commands in a sandbox: none, bwrap, docker (with --image), or auto (default: bwrap where it runs)",
+    ),
+    ("--image", "image", "text", _CALLING, _LIMIT, "the container image of --sandbox docker (pinned by its id)"),
     ("--network", "network", "text", _CALLING, _LIMIT, "the sandbox's network: none (default) or host"),
     ("--workspace", "workspace", "text", _CALLING, _LIMIT, "the directory sandboxed commands may write (default .)"),
     ("--writable", "writable", "list", _CALLING, _LIMIT, "another path sandboxed commands may write (repeatable)"),
@@ -139,6 +147,8 @@ _DESCRIPTIONS = {
     "serve": "Serve a trial's tool calls as JSON lines on stdin and stdout (see docs/serve.md for the protocol).",
     "mcp": "Serve a trial's tool calls as a Model Context Protocol server over stdio (needs trialtool[mcp]).",
     "shim": "Write sh and bash shims into DIRECTORY: each `sh -c CMD` through them is one call of the trial.",
+    "close": "Stop and remove the trial's container (--sandbox docker); its files stay.",
+    "gc": "Remove the containers of trials that have ended, or whose state file is gone.",
     "server": "The per-user server that runs CLI calls warm (TRIALTOOL_SERVER=off: none): its status, or stop it.",
 }
 

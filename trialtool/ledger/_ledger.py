@@ -27,7 +27,7 @@ from .. import budget
 from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, UsageError
 from ..limits import FLAG_OF
 from ..osio import plain, require_directory
-from ..sandbox import Available
+from ..sandbox import Available, ContainerAvailable
 from . import _audit as audit
 from . import _clock as clock
 from . import _durable as durable
@@ -65,6 +65,7 @@ class Ledger:
         owner: tuple[int, str | None] | None = None,
         stop_leftovers: StopLeftovers | None = None,
         sandbox_available: Available | None = None,
+        container_available: ContainerAvailable | None = None,
     ) -> None:
         if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, int | float) or not 0 <= lock_timeout < 1e9:
             msg = f"the lock timeout must be a number of seconds, 0 or more, not {plain(lock_timeout)}"
@@ -75,9 +76,10 @@ class Ledger:
         self.directory = os.path.dirname(self.state_path) or "."
         self.lock_timeout = lock_timeout
         self.chain = audit.Chain(key)
-        #: The sandbox seam's answer to "which bwrap can run here" (process/sandbox/), for a
-        #: trial's creation: handed in, since the ledger imports nothing of the process room.
-        self.store = Store(self.state_path, self.log_path, self.chain, sandbox_available)
+        #: The sandbox seam's answers to "which bwrap can run here" and "which container client
+        #: and image" (process/sandbox/), for a trial's creation: handed in, since the ledger
+        #: imports nothing of the process room.
+        self.store = Store(self.state_path, self.log_path, self.chain, sandbox_available, container_available)
         self._owner = owner
         self._stop_leftovers = stop_leftovers
         #: Calls this process reserved and gave up on (a failed commit): recover them
@@ -234,8 +236,8 @@ class Ledger:
             serial.append(now + state.limits.call_timeout + state.limits.kill_grace + 30.0)
         if now >= serial[0]:
             msg = (
-                "another call of this trial is still running, and calls of a trial whose files "
-                "sit in its writable paths run one at a time (docs/sandbox.md)"
+                "another call of this trial is still running, and calls of a trial in a container, or whose "
+                "files sit in its writable paths, run one at a time (docs/sandbox.md)"
             )
             raise LockTimeout(msg)
         return True

@@ -36,13 +36,19 @@ class Store:
     """One trial's state file and log, as this process last saw them."""
 
     def __init__(
-        self, state_path: str, log_path: str, chain: audit.Chain, sandbox_available: sandbox.Available | None = None
+        self,
+        state_path: str,
+        log_path: str,
+        chain: audit.Chain,
+        sandbox_available: sandbox.Available | None = None,
+        container_available: sandbox.ContainerAvailable | None = None,
     ) -> None:
         self.state_path = state_path
         self.log_path = log_path
         self.chain = chain
-        #: Which bwrap can run here, asked when a trial is created (sandbox.pin).
+        #: Which bwrap can run here, and which container client and image, asked when a trial is created (sandbox.pin).
         self.sandbox_available = sandbox_available
+        self.container_available = container_available
         #: (log stamp, head, last record's summary) as this process last wrote or checked the log.
         self._trusted: tuple[list[int], audit.LogHead, dict[str, Any] | None] | None = None
 
@@ -129,7 +135,7 @@ class Store:
                 msg = f"no trial at {self.state_path}: create it with `trial-tool init` or a first call"
                 raise StateError(msg)
             given = None if settings.labels is None else dict(settings.labels)
-            pinned = sandbox.pin(dict(settings.sandbox), self.sandbox_available)
+            pinned = sandbox.pin(dict(settings.sandbox), self.sandbox_available, self.container_available)
             return self.new_state(settings.limits, pinned, given)
         labels.check_pinned(state.labels, None if settings.labels is None else dict(settings.labels))
         check_given(state.limits, settings.limits, settings.given)

@@ -42,6 +42,8 @@ class Spec(NamedTuple):
     #: Pinned paths bwrap binds from a descriptor: (index in argv of its descriptor argument,
     #: path, device, inode). Opened and checked in the supervisor, just before bwrap starts (sandbox/pinned.py).
     binds: tuple[tuple[int, str, int, int], ...] = ()
+    #: Backend docker: the trial's container, where a stop signals the command's processes (sandbox/_docker.py).
+    container: str | None = None
 
 
 def encode(spec: Spec) -> bytes:

@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 from ..errors import SandboxError
-from ..sandbox import Pin
 from . import _reaper as reaper
 from . import sandbox
 from ._capture import Spool
@@ -28,8 +27,7 @@ from ._interrupts import SupervisorSignals as Signals
 from ._orders import Spec
 from ._rlimits import for_exec, take_callers
 from ._spawn import Child, spawn
-from .sandbox import _pinned as pinned
-from .sandbox import bwrap
+from .sandbox import bwrap, docker
 from .sandbox._base import Backend
 
 #: exec errors that mean "found, but cannot be run" (exit 126).
@@ -52,6 +50,8 @@ def supervise(
     """Run the command of `spec` to its end; the result the supervisor reports."""
     limits = spec.limits
     backend = sandbox.backend(spec.backend)
+    if backend.LIMITS_INSIDE:  # a container's: the client here is held to none of them
+        limits = limits._replace(max_procs=0, max_memory=0, max_cpu_seconds=0.0, max_file_size=0, max_open_files=0)
     # The backend's own processes (bwrap's monitor and its pid namespace's init) are not the command's.
     extra_procs = backend.OWN_PROCESSES if limits.max_procs else 0
     group.configure(limits.max_procs + extra_procs, limits.max_memory)
@@ -75,7 +75,7 @@ def supervise(
         if spec.stdin is not None:
             feed_r, feed_w = os.pipe()
         try:
-            argv, bind_fds = _open_binds(spec)
+            argv, bind_fds = bwrap.open_binds(spec.argv, spec.binds)
         except SandboxError as exc:
             return {"fatal": exc.message}
         try:
@@ -116,26 +116,6 @@ def supervise(
         if feed_w >= 0:
             os.close(feed_w)
         group.remove()
-
-
-def _open_binds(spec: Spec) -> tuple[list[str], list[int]]:
-    """The argv with each pinned bind's descriptor number in place, and those descriptors, in order.
-
-    Opened here, a moment before bwrap starts, and checked against the pins; bwrap
-    binds the very directory checked, and closes the descriptor before the command runs.
-    """
-    argv = list(spec.argv)
-    fds: list[int] = []
-    try:
-        for index, path, device, inode in spec.binds:
-            fds.append(pinned.open_pinned(Pin(path, device, inode)))
-            if index >= 0:  # else named as /proc/self/fd/N where bwrap takes a path (an overlay's)
-                argv[index] = argv[index].replace("{fd}", str(bwrap.FIRST_BIND_FD + len(fds) - 1))
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-    return argv, fds
 
 
 def _unwrapped(backend: Backend, report: dict[str, Any], status_r: int, stderr: Spool) -> dict[str, Any]:
@@ -199,7 +179,9 @@ class _Watch:
             else:
                 self._end_feed()
         #: The fallback process cap (no pids cgroup), counted every _SWEEP_INTERVAL.
-        self.sweep_cap = spec.limits.max_procs + extra_procs if group.pids is None else 0
+        self.sweep_cap = spec.limits.max_procs + extra_procs if group.pids is None and not spec.container else 0
+        #: Backend docker: the command's processes are in the container, signalled there.
+        self.inside = docker.Stops(spec) if spec.container else None
         self.next_sweep = started + _SWEEP_INTERVAL
         self.ended: str | None = None
         self.stop_signal: int | None = None
@@ -216,8 +198,10 @@ class _Watch:
         if self.kill_at is None:
             # A backend's own processes (bwrap's monitor and init) would end the sandbox at once
             # (SIGKILL to all in it), leaving the command no grace: the command's processes only.
-            own = self.backend.own(self.child.pid)
-            reaper.signal_tree(self.child.pid, signal.SIGTERM, spare=own or None)
+            if self.inside is not None:
+                self.inside.signal("TERM")
+            else:
+                reaper.signal_tree(self.child.pid, signal.SIGTERM, spare=self.backend.own(self.child.pid) or None)
             self.stop_signal = signal.SIGTERM
             self.kill_at = time.monotonic() + grace
 
@@ -242,6 +226,8 @@ class _Watch:
             self._end_feed()
 
     def kill(self) -> None:
+        if self.inside is not None:
+            self.inside.signal("KILL")
         self.group.kill()
         reaper.signal_tree(self.child.pid, signal.SIGKILL)
 
@@ -250,6 +236,8 @@ class _Watch:
             while self.exited_at is None:
                 self._step()
             returncode = self.child.wait()
+            if self.inside is not None:
+                self.inside.finish()  # a stopped call's last processes in the container, before the client's
             killed, survivors = self._sweep(subreaper)
             # The command is gone: take what was already written to its pipes.
             for fd, spool in self.pipes.items():

@@ -94,6 +94,11 @@ def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
             else []
         ),
         f"sandbox   {summary['sandbox']['mode']} (network {summary['sandbox']['network']})"
+        + (
+            f", image {image} ({summary['sandbox'].get('image_id')})"
+            if (image := summary["sandbox"].get("image"))
+            else ""
+        )
         + (f"; auto found no sandbox: {fallback}" if (fallback := summary.get("sandbox_fallback")) else ""),
         f"log       {summary['records']} records, {'HMAC-SHA256 (keyed)' if summary['keyed'] else 'SHA-256'} chain",
         f"head      {summary['head']}",

@@ -170,7 +170,7 @@ def summarize_snapshot(
         "last_call_at_utc": last_at,
         "keyed": keyed,
         "limits": limits,
-        "sandbox": {"mode": sandbox.get("mode", "none"), "network": sandbox.get("network", "none")},
+        "sandbox": {"mode": sandbox.get("mode", "none"), "network": sandbox.get("network", "none"), **_image(sandbox)},
         # Outside "sandbox", which the fairness check compares: the same rules, whatever the wording of why.
         "sandbox_fallback": sandbox.get("fallback") if isinstance(sandbox.get("fallback"), str) else None,
         "tokenizer": sorted(tokenizers) or ["o200k_base"],
@@ -195,6 +195,13 @@ def summarize_snapshot(
 def _labels(value: Any) -> dict[str, str]:
     found = mapping(value)
     return {str(key): str(found[key]) for key in sorted(found)}
+
+
+def _image(sandbox: dict[str, Any]) -> dict[str, Any]:
+    """A container trial's image: by its id, which the fairness check compares, and as it was named."""
+    if sandbox.get("mode") != "docker":
+        return {}
+    return {"image_id": sandbox.get("image_id"), "image": sandbox.get("image")}
 
 
 def unreadable(state_path: str, log_path: str, why: str) -> dict[str, Any]:

@@ -30,6 +30,11 @@ class Backend(Protocol):
         """The backend sets the open-files limit itself, inside (the supervisor does not)."""
         ...
 
+    @property
+    def LIMITS_INSIDE(self) -> bool:
+        """The backend holds the command's resource limits itself (a container's): none is set on its process."""
+        ...
+
     def own(self, top: int) -> set[int]:
         """Its own processes in the tree under `top`: a stop's SIGTERM spares them, so the command gets its grace."""
         ...

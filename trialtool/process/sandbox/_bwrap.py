@@ -46,6 +46,8 @@ OWN_PROCESSES = 2
 #: (it cannot set a sandbox up within a small one).
 SETS_DIRECTORY = True
 SETS_OPEN_FILES = True
+#: The supervisor sets the command's other resource limits.
+LIMITS_INSIDE = False
 
 
 def own(top: int) -> set[int]:
@@ -282,6 +284,27 @@ class Plan:
         return arguments(self.binary.path, self.sandbox, present, tmp, cwd, argv, open_files)
 
 
+def open_binds(argv: Sequence[str], binds: Sequence[tuple[int, str, int, int]]) -> tuple[list[str], list[int]]:
+    """`argv` with each pinned bind's descriptor number in place, and those descriptors, in order.
+
+    Opened in the supervisor, a moment before bwrap starts, and checked against the
+    pins; bwrap binds the very directory checked, and closes the descriptor before
+    the command runs.
+    """
+    argv = list(argv)
+    fds: list[int] = []
+    try:
+        for index, path, device, inode in binds:
+            fds.append(pinned.open_pinned(Pin(path, device, inode)))
+            if index >= 0:  # else named as /proc/self/fd/N where bwrap takes a path (an overlay's)
+                argv[index] = argv[index].replace("{fd}", str(FIRST_BIND_FD + len(fds) - 1))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return argv, fds
+
+
 def tmp_directory(state_path: str, trial_id: str) -> Pin:
     """The trial's own /tmp: a directory beside its state, made (0700) on first use, never a symlink; pinned.
 
@@ -297,6 +320,7 @@ def tmp_directory(state_path: str, trial_id: str) -> Pin:
 
 __all__ = [
     "FIRST_BIND_FD",
+    "LIMITS_INSIDE",
     "OWN_PROCESSES",
     "SETS_DIRECTORY",
     "SETS_OPEN_FILES",
@@ -306,6 +330,7 @@ __all__ = [
     "arguments",
     "exit_code",
     "failure",
+    "open_binds",
     "own",
     "tmp_directory",
 ]

@@ -71,23 +71,27 @@ def _unsafe(path: str, roots: Sequence[str]) -> str | None:
     return None
 
 
-def find(roots: Sequence[str], search_path: str | None = None) -> tuple[Binary | None, str | None]:
-    """The bwrap executable to pin: the first safe one on PATH's absolute entries, then /usr/bin, /bin.
+def find(
+    roots: Sequence[str], search_path: str | None = None, names: Sequence[str] = ("bwrap",)
+) -> tuple[Binary | None, str | None]:
+    """The executable to pin: the first safe one of `names` on PATH's absolute entries, then /usr/bin, /bin.
 
-    `search_path` is the caller's PATH (default: this process's).
+    `search_path` is the caller's PATH (default: this process's). Each name is
+    looked for in turn (the container backend: docker, then podman).
     """
     import sys
 
     if not sys.platform.startswith("linux"):
-        return None, "bubblewrap runs on Linux only"
+        return None, f"trial-tool runs {names[0]} as a sandbox on Linux only"
     refused = []
     seen = set()
     if search_path is None:
         search_path = os.environ.get("PATH", "")
-    for directory in [*search_path.split(os.pathsep), *_FALLBACK_DIRECTORIES]:
+    places = [*search_path.split(os.pathsep), *_FALLBACK_DIRECTORIES]
+    for name, directory in ((name, directory) for name in names for directory in places):
         if not os.path.isabs(directory):
             continue  # "." or "": wherever the caller happens to be, perhaps a workspace
-        candidate = os.path.join(directory, "bwrap")
+        candidate = os.path.join(directory, name)
         if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
             continue
         path = os.path.realpath(candidate)
@@ -101,7 +105,9 @@ def find(roots: Sequence[str], search_path: str | None = None) -> tuple[Binary |
         info = os.stat(path)
         return Binary(path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns), None
     if refused:
-        return None, "no bubblewrap executable that can be trusted: " + "; ".join(refused)
+        return None, f"no {' or '.join(names)} executable that can be trusted: " + "; ".join(refused)
+    if names[0] != "bwrap":
+        return None, f"{' or '.join(names)} is not installed"
     return None, "bubblewrap is not installed (apt-get install bubblewrap, dnf install bubblewrap)"
 
 

@@ -9,6 +9,8 @@ STATUS_FD = None
 #: The supervisor changes to the call's directory and sets the open-files limit.
 SETS_DIRECTORY = False
 SETS_OPEN_FILES = False
+#: The supervisor sets the command's resource limits.
+LIMITS_INSIDE = False
 
 
 def own(top: int) -> set[int]:
@@ -26,4 +28,13 @@ def failure(stderr: bytes) -> tuple[str, str]:
     return "sandbox", "no sandbox"
 
 
-__all__ = ["OWN_PROCESSES", "SETS_DIRECTORY", "SETS_OPEN_FILES", "STATUS_FD", "exit_code", "failure", "own"]
+__all__ = [
+    "LIMITS_INSIDE",
+    "OWN_PROCESSES",
+    "SETS_DIRECTORY",
+    "SETS_OPEN_FILES",
+    "STATUS_FD",
+    "exit_code",
+    "failure",
+    "own",
+]

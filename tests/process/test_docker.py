@@ -1,0 +1,302 @@
+"""The docker backend, for real: a real engine, an image built here offline, real execs, real deadlines.
+
+Each trial's container is made on its first call and kept; these tests look into
+it with the engine's own `exec` to see what runs there after a call. The image is
+`docker import` of a root holding busybox-static, made by the test; every
+container and image the tests made is removed at the end (by label and name).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TrialFiles
+from trialtool.errors import EXIT_INTERNAL, EXIT_REFUSED, EXIT_TIMEOUT
+
+BUSYBOX = "/usr/bin/busybox"
+#: The applets the image links; busybox's sh runs the rest of its applets itself.
+APPLETS = ("sh", "ls", "cat", "echo", "sleep", "kill", "ps", "true", "id", "env", "wc", "head", "yes", "setsid", "pwd")
+
+
+def _client() -> str | None:
+    path = shutil.which("docker")
+    if path is None:
+        return None
+    done = subprocess.run([path, "info", "--format", "{{.ServerVersion}}"], capture_output=True, timeout=60)
+    return path if done.returncode == 0 else None
+
+
+#: Every image these tests built, by id: removed at the end, whatever became of their tags.
+BUILT: list[str] = []
+
+
+def _build(docker: str, root: Path, tag: str, extra: str = "") -> str:
+    for name in ("bin", "tmp", "proc", "dev", "etc", "sys"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+    for applet in APPLETS:
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "etc" / "image").write_text((extra or tag) + "\n")
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True, timeout=60)
+    subprocess.run([docker, "import", "-", tag], input=tar.stdout, capture_output=True, check=True, timeout=120)
+    image_id = subprocess.run(
+        [docker, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    BUILT.append(image_id)
+    return image_id
+
+
+class Engine:
+    """The engine as these tests use it: their image, their containers, and a look inside."""
+
+    def __init__(self, docker: str, tag: str, image_id: str, root: Path) -> None:
+        self.docker, self.tag, self.image_id, self.root = docker, tag, image_id, root
+
+    def name_of(self, trial: TrialFiles) -> str:
+        return f"trialtool-{trial.state_json()['trial_id']}"
+
+    def processes(self, name: str) -> list[str]:
+        """Every process in the container but the `ps` that lists them: pid and command."""
+        done = subprocess.run(
+            [self.docker, "exec", name, "ps", "-o", "pid,args"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return [line.strip() for line in done.stdout.splitlines()[1:] if "ps -o pid,args" not in line]
+
+    def state_of(self, name: str) -> str | None:
+        done = subprocess.run(
+            [self.docker, "inspect", "--format", "{{.State.Status}}", name], capture_output=True, text=True
+        )
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    def containers(self) -> list[str]:
+        """The names of the containers whose trial lives under this test run's root."""
+        done = subprocess.run(
+            [self.docker, "ps", "--all", "--filter", "label=trialtool.trial", "--format",
+             '{{.Names}}\t{{.Label "trialtool.state"}}'],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        rows = [line.split("\t") for line in done.stdout.splitlines() if line]
+        return [name for name, state in rows if state.startswith(str(self.root))]
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    docker = _client()
+    if docker is None:
+        pytest.skip("no container engine answers here (install docker.io and start dockerd; .ci/run does)")
+    if not os.path.exists(BUSYBOX):
+        pytest.skip("the test image is built from busybox-static (apt-get install busybox-static; .ci/run does)")
+    # Every trial of this run (this worker's) lives under its base temporary directory.
+    root = tmp_path_factory.getbasetemp()
+    tag = f"trialtool-test-{uuid.uuid4().hex[:12]}:busybox"
+    found = Engine(docker, tag, _build(docker, tmp_path_factory.mktemp("docker"), tag), root)
+    try:
+        yield found
+    finally:
+        for name in found.containers():
+            subprocess.run([docker, "rm", "--force", name], capture_output=True, timeout=120)
+        for image_id in BUILT:
+            subprocess.run([docker, "image", "rm", "--force", image_id], capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def boxed(tmp_path: Path, engine: Engine, cli_mode: str) -> TrialFiles:
+    """A trial of the docker backend: its files in tmp_path, its workspace tmp_path/ws (bound in)."""
+    trial = TrialFiles(tmp_path)
+    (tmp_path / "ws").mkdir()
+    return trial
+
+
+def flags(engine: Engine, trial: TrialFiles, *more: str) -> tuple[str, ...]:
+    workspace = str(trial.root / "ws")
+    return ("--sandbox", "docker", "--image", engine.tag, "--workspace", workspace, *more)
+
+
+def run(
+    trial: TrialFiles, engine: Engine, *command: str, more: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[bytes]:
+    return trial.call(*command, flags=flags(engine, trial, *more), cwd=trial.root / "ws", timeout=120)
+
+
+def test_a_call_runs_in_the_trials_container_and_its_record_says_which(boxed: TrialFiles, engine: Engine) -> None:
+    done = run(boxed, engine, "sh", "-c", "cat /etc/image; pwd; echo out; echo err >&2; exit 3")
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.decode().splitlines() == [engine.tag, str(boxed.root / "ws"), "out"]
+    assert done.stderr.decode() == "err\n"
+    again = run(boxed, engine, "sh", "-c", "echo again > made-here; cat made-here")
+    assert again.stdout == b"again\n"
+    assert (boxed.root / "ws" / "made-here").read_text() == "again\n"  # the workspace is bound in
+    first, second = boxed.records()
+    for record in (first, second):
+        assert record["container"]["image"] == engine.tag
+        assert record["container"]["image_id"] == engine.image_id
+        assert record["container"]["name"] == engine.name_of(boxed)
+    assert first["container"]["made"] == "the trial's first call"
+    assert second["container"]["made"] is None and second["container"]["id"] == first["container"]["id"]
+    pinned = boxed.state_json()["sandbox"]
+    assert (pinned["mode"], pinned["image"], pinned["image_id"], pinned["network"]) == (
+        "docker",
+        engine.tag,
+        engine.image_id,
+        "none",
+    )
+
+
+def test_exact_budgets_and_refusals(boxed: TrialFiles, engine: Engine) -> None:
+    more = ("--max-calls", "2", "--max-tokens", "1000", "--max-call-tokens", "5")
+    outputs = [run(boxed, engine, "sh", "-c", "echo call >> calls; seq 1 200", more=more) for _ in range(3)]
+    assert [done.returncode for done in outputs] == [0, 0, EXIT_REFUSED]
+    assert (boxed.root / "ws" / "calls").read_text() == "call\ncall\n"  # the refused call never ran
+    records = boxed.records()
+    assert [record["delivered_emitted_tokens"] for record in records[:2]] == [5, 5]
+    assert records[-1]["status"] == "maximum_tool_calls"
+    assert boxed.state_json()["calls"] == 2
+
+
+def test_a_deadline_leaves_nothing_running_in_the_container(boxed: TrialFiles, engine: Engine) -> None:
+    script = "trap '' TERM; (setsid sleep 300 &); sleep 200 & echo started; sleep 100"
+    done = run(boxed, engine, "sh", "-c", script, more=("--call-timeout", "2", "--kill-grace", "0.5"))
+    assert done.returncode == EXIT_TIMEOUT, done.stderr
+    assert done.stdout == b"started\n"
+    (record,) = boxed.records()
+    assert record["status"] == "timeout" and record["stop_signal"] == 9  # TERM was ignored: KILL after the grace
+    assert record["elapsed_seconds"] < 30
+    left = engine.processes(engine.name_of(boxed))
+    assert len(left) == 2 and "docker-init" in left[0], left  # the container's own init and its waiting shell
+
+
+def test_a_command_that_ends_leaves_nothing_behind(boxed: TrialFiles, engine: Engine) -> None:
+    done = run(boxed, engine, "sh", "-c", "(setsid sleep 300 &); sleep 200 & echo quick")
+    assert done.returncode == 0 and done.stdout == b"quick\n"
+    assert len(engine.processes(engine.name_of(boxed))) == 2
+
+
+def test_calls_at_once_run_one_at_a_time_in_the_container(boxed: TrialFiles, engine: Engine) -> None:
+    """What runs in the container besides its own is one call's: parallel calls of the trial wait their turn."""
+    assert run(boxed, engine, "true").returncode == 0  # the container made first
+    argv = [
+        *boxed.argv(*flags(engine, boxed), "--cwd", str(boxed.root / "ws")),
+        "--",
+        "sh",
+        "-c",
+        "echo in >> turns; sleep 0.5; echo out >> turns",
+    ]
+    results = boxed.parallel(argv, 3, timeout=120)
+    assert [code for code, _ in results] == [0, 0, 0]
+    assert (boxed.root / "ws" / "turns").read_text() == "in\nout\n" * 3
+
+
+def test_the_output_cap_stops_the_command_in_the_container(boxed: TrialFiles, engine: Engine) -> None:
+    done = run(boxed, engine, "yes", more=("--max-capture-bytes", "10000"))
+    assert done.returncode != 0
+    (record,) = boxed.records()
+    assert record["status"] == "output_limit" and record["stdout_capture_truncated"]
+    assert len(engine.processes(engine.name_of(boxed))) == 2
+
+
+def test_a_container_gone_between_calls_is_made_again_and_the_record_says_so(boxed: TrialFiles, engine: Engine) -> None:
+    assert run(boxed, engine, "true").returncode == 0
+    name = engine.name_of(boxed)
+    subprocess.run([engine.docker, "kill", name], capture_output=True, check=True, timeout=60)
+    assert run(boxed, engine, "echo", "back").stdout == b"back\n"
+    subprocess.run([engine.docker, "rm", "--force", name], capture_output=True, check=True, timeout=60)
+    assert run(boxed, engine, "echo", "again").stdout == b"again\n"
+    made = [record["container"]["made"] for record in boxed.records()]
+    assert made == ["the trial's first call", "the trial's container had stopped", "the trial's container was gone"]
+
+
+def test_the_trials_files_are_not_in_the_container(boxed: TrialFiles, engine: Engine) -> None:
+    done = run(boxed, engine, "sh", "-c", f"ls {boxed.root}; cat {boxed.state}")
+    assert done.returncode != 0
+    assert b"state.json" not in done.stdout
+    assert b"trial_id" not in done.stdout
+
+
+def test_a_state_inside_the_workspace_is_refused_before_anything_is_charged(tmp_path: Path, engine: Engine) -> None:
+    inside = TrialFiles(tmp_path)
+    done = inside.call("true", flags=("--sandbox", "docker", "--image", engine.tag), cwd=tmp_path, timeout=120)
+    assert done.returncode == EXIT_INTERNAL, done.stderr
+    assert b"keep the state, log and key files outside the workspace" in done.stderr
+    assert not inside.state.exists()  # nothing made, nothing charged
+
+
+def test_the_image_is_pinned_by_its_id(boxed: TrialFiles, engine: Engine, tmp_path: Path) -> None:
+    """Retagging the image after the trial was made changes nothing for the trial: its id was pinned."""
+    assert run(boxed, engine, "cat", "/etc/image").stdout.decode() == engine.tag + "\n"
+    other = f"{engine.tag.split(':')[0]}-other:busybox"
+    try:
+        _build(engine.docker, tmp_path / "other", other, extra="another image")
+        subprocess.run([engine.docker, "tag", other, engine.tag], capture_output=True, check=True, timeout=60)
+        name = engine.name_of(boxed)
+        subprocess.run([engine.docker, "rm", "--force", name], capture_output=True, check=True, timeout=60)
+        done = run(boxed, engine, "cat", "/etc/image")
+        assert done.stdout.decode() == engine.tag + "\n", done.stderr  # the pinned image, not what the tag names now
+    finally:
+        subprocess.run([engine.docker, "tag", engine.image_id, engine.tag], capture_output=True, timeout=60)
+        subprocess.run([engine.docker, "image", "rm", other], capture_output=True, timeout=60)
+
+
+def test_a_runtime_failure_is_trial_tools_and_costs_nothing(boxed: TrialFiles, engine: Engine) -> None:
+    missing = run(boxed, engine, "true", more=("--image", "trialtool-no-such-image:none"))
+    assert missing.returncode == EXIT_INTERNAL
+    assert b"no image" in missing.stderr
+    assert not boxed.state.exists()  # the trial was never made
+
+
+def test_close_and_gc(tmp_path: Path, engine: Engine) -> None:
+    trials = []
+    for name in ("kept", "closed", "orphaned", "spent"):
+        (tmp_path / name / "ws").mkdir(parents=True)
+        trials.append(TrialFiles(tmp_path / name))
+    for trial in trials:
+        more = ("--max-calls", "1") if trial.root.name == "spent" else ()
+        assert run(trial, engine, "true", more=more).returncode == 0
+    kept, closed, orphaned, _ = trials
+    names = {trial.root.name: engine.name_of(trial) for trial in trials}
+    done = closed.cli("close", "--state", str(closed.state), "--log", str(closed.log), timeout=120)
+    assert done.returncode == 0 and b"removed the container" in done.stdout
+    assert engine.state_of(names["closed"]) is None
+    orphaned.state.unlink()
+    done = kept.cli("gc", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert engine.state_of(names["orphaned"]) is None and engine.state_of(names["spent"]) is None
+    assert engine.state_of(names["kept"]) == "running"
+    assert b"state file is gone" in done.stdout and b"budget is spent" in done.stdout
+    assert run(closed, engine, "echo", "later").stdout == b"later\n"  # closed, not ended: a new container
+    assert closed.records()[-1]["container"]["made"] == "the trial's container was gone"
+
+
+def test_report_is_clean_and_tells_images_apart(tmp_path: Path, engine: Engine) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name / "ws").mkdir(parents=True)
+        trial = TrialFiles(tmp_path / name)
+        assert run(trial, engine, "echo", name).returncode == 0
+    done = TrialFiles(tmp_path).cli("report", "--format", "json", "--strict", str(tmp_path), timeout=120)
+    assert done.returncode == 0, done.stderr
+    overview = json.loads(done.stdout)["overview"]
+    assert overview["trials"] == 2 and overview["integrity"] == {"clean": 2}, overview
+    assert overview["fairness"]["same_rules"]
+    assert overview["fairness"]["majority"]["sandbox"]["image_id"] == engine.image_id
+    # A trial run on another image breaks the fairness check, by the image's id.
+    other = f"{engine.tag.split(':')[0]}-report:busybox"
+    try:
+        other_id = _build(engine.docker, tmp_path / "image", other, extra="another image")
+        (tmp_path / "c" / "ws").mkdir(parents=True)
+        odd = TrialFiles(tmp_path / "c")
+        done = odd.call("true", flags=("--sandbox", "docker", "--image", other, "--workspace", str(odd.root / "ws")))
+        assert done.returncode == 0, done.stderr
+        subprocess.run([engine.docker, "rm", "--force", engine.name_of(odd)], capture_output=True, timeout=60)
+    finally:
+        subprocess.run([engine.docker, "image", "rm", "--force", other], capture_output=True, timeout=60)
+    done = TrialFiles(tmp_path).cli("report", "--format", "json", str(tmp_path / "a"), str(odd.root), timeout=120)
+    (differs,) = [group["differs"] for group in json.loads(done.stdout)["overview"]["fairness"]["others"]]
+    assert differs["sandbox.image_id"] == [engine.image_id, other_id]

@@ -1,0 +1,58 @@
+"""`trial-tool close` and `trial-tool gc`: the containers of `--sandbox docker` trials, ended.
+
+A trial's container lives from its first call until `close` removes it (its
+files stay, and a later call starts a new one). `gc` removes, among the
+containers trial-tool made (by their label), those whose trial is over: its
+state file is gone or holds another trial, or its budget is spent. A trial
+whose state cannot be read as this user (a keyed trial, say) is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import Trial
+from ..errors import TrialToolError
+from .options import Arguments
+
+
+def close(args: Arguments) -> int:
+    from .fromflags import trial_of
+
+    trial = trial_of(args)
+    state = trial.status()
+    if trial.remove_container():
+        print(f"removed the container of trial {state.trial_id}")
+    else:
+        print(f"trial {state.trial_id} has no container")
+    return 0
+
+
+def gc(args: Arguments) -> int:
+    from ..process import sandbox
+
+    client = sandbox.docker.client()
+    for name, trial_id, state_path, log_path in sandbox.docker.listed(client):
+        why = _over(trial_id, state_path, log_path)
+        if why is not None:
+            sandbox.docker.remove(client, name)
+            print(f"removed {name}: {why}")
+    return 0
+
+
+def _over(trial_id: str, state_path: str, log_path: str) -> str | None:
+    """Why the trial of a container is over, or None while it may call again."""
+    if not state_path or not os.path.exists(state_path):
+        return "its trial's state file is gone"
+    try:
+        trial = Trial(state_path, log_path)
+        state = trial.status()
+        spent = trial.budget().exhausted
+    except TrialToolError:
+        return None  # unreadable here (keyed, or being repaired): not ours to judge
+    if state.trial_id != trial_id:
+        return "its state file holds another trial now"
+    return "its trial's budget is spent" if spent else None
+
+
+__all__ = ["close", "gc"]
