@@ -3,6 +3,7 @@
 
     python scripts/bench.py [--runs N] [--trial-tool PATH]
     python scripts/bench.py --trials DIR [--replicate K]    # the graders' view over real trials
+    python scripts/bench.py --docker                         # the docker backend's figures only
 
 
 Prints, for each case, the bare command's median wall time, trial-tool's, the
@@ -35,6 +36,8 @@ from pathlib import Path
 TARGET_NO_OUTPUT_MS = 80.0
 TARGET_WARM_MS = {"API": 5.0, "serve": 10.0, "MCP": 20.0}
 TARGET_SANDBOX_WARM_MS = 15.0
+#: trial-tool's own cost per call over a bare `docker exec` in the same container.
+TARGET_DOCKER_MS = 10.0
 #: What the sandbox's identity checks and the server's peer check may each add to a warm call (ms).
 TARGET_TRUST_MS = 1.0
 #: The graders' view over 10 000 trials of 12 calls: seconds and MB (all processes of the command together).
@@ -357,6 +360,108 @@ def option_figures(python: str, runs: int) -> None:
         print(f"  inspect exec `echo hello`: local sandbox {local:.2f}, trialtool (--sandbox {mode}) {boxed:.2f}")
 
 
+_DOCKER = r"""
+import json, os, statistics, subprocess, sys, tempfile, time
+from pathlib import Path
+from trialtool import Trial
+runs, image, docker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+root = Path(tempfile.mkdtemp(dir=sys.argv[4]))
+out = {}
+def limits(mode, ws):
+    extra = {"image": image} if mode == "docker" else {}
+    return {"max_calls": 10**6, "max_tokens": 10**9, "sandbox": mode, "workspace": str(ws), **extra}
+def trial(name, mode):
+    (root / name / "ws").mkdir(parents=True)
+    return Trial(root / name / "s.json", root / name / "l.jsonl", limits=limits(mode, root / name / "ws"))
+names = []
+try:
+    with trial("warm", "docker") as t:
+        first = time.perf_counter()
+        t.run(["true"])
+        out["first call (starts the container)"] = time.perf_counter() - first
+        name = "trialtool-" + t.status().trial_id
+        names.append(name)
+        ws = str(root / "warm" / "ws")
+        bare, tooled = [], []
+        for _ in range(3):
+            t.run(["echo", "hello"], cwd=ws)
+            subprocess.run([docker, "exec", name, "echo", "hello"], capture_output=True)
+        for _ in range(runs):
+            s = time.perf_counter()
+            subprocess.run([docker, "exec", name, "echo", "hello"], capture_output=True)
+            bare.append(time.perf_counter() - s)
+            s = time.perf_counter(); t.run(["echo", "hello"], cwd=ws); tooled.append(time.perf_counter() - s)
+        out["bare docker exec"] = statistics.median(bare)
+        out["trial-tool over it (warm API)"] = statistics.median(tooled)
+    with trial("none", "none") as t:
+        bare, tooled = [], []
+        for _ in range(runs):
+            s = time.perf_counter()
+            subprocess.run(["echo", "hello"], capture_output=True)
+            bare.append(time.perf_counter() - s)
+            s = time.perf_counter()
+            t.run(["echo", "hello"])
+            tooled.append(time.perf_counter() - s)
+        out["bare echo"] = statistics.median(bare)
+        out["trial-tool, --sandbox none"] = statistics.median(tooled)
+    for mode in ("docker", "bwrap"):
+        s = time.perf_counter()
+        for index in range(20):
+            with trial(f"{mode}-{index}", mode) as t:
+                for _ in range(5):
+                    t.run(["sh", "-c", "echo hello; ls / > /dev/null"], cwd=str(root / f"{mode}-{index}" / "ws"))
+                if mode == "docker":
+                    names.append("trialtool-" + t.status().trial_id)
+        out[f"20 trials of 5 calls, {mode}"] = time.perf_counter() - s
+finally:
+    if names:
+        subprocess.run([docker, "rm", "--force", *names], capture_output=True)
+print(json.dumps(out))
+"""
+
+
+def docker_figures(work: Path, python: str, runs: int) -> None:
+    """The docker backend: a call over a bare `docker exec` in the same container, a trial's first call,
+    and 20 trials against the bwrap backend's, on the same commands."""
+    print("\nthe docker backend, median ms (warm API, `echo hello`):")
+    docker = shutil.which("docker")
+    busybox = "/usr/bin/busybox"
+    if docker is None or subprocess.run([docker, "info"], capture_output=True).returncode != 0:
+        print("  not measured: no container engine answers here")
+        return
+    if not os.path.exists(busybox):
+        print("  not measured: the bench's image is built from busybox-static, not installed")
+        return
+    root = work / "image"
+    for name in ("bin", "tmp", "proc", "dev", "etc"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(busybox, root / "bin" / "busybox")
+    for applet in ("sh", "echo", "ls", "true"):
+        (root / "bin" / applet).symlink_to("busybox")
+    tag = f"trialtool-bench-{os.getpid()}:busybox"
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True)
+    subprocess.run([docker, "import", "-", tag], input=tar.stdout, capture_output=True, check=True)
+    try:
+        done = subprocess.run(
+            [python, "-c", _DOCKER, str(runs), tag, docker, str(work)], capture_output=True, text=True, check=True
+        )
+    finally:
+        subprocess.run([docker, "image", "rm", "--force", tag], capture_output=True)
+    figures = json.loads(done.stdout)
+    bare, tooled = figures["bare docker exec"], figures["trial-tool over it (warm API)"]
+    verdict = "meets" if (tooled - bare) * 1000 <= TARGET_DOCKER_MS else "MISSES"
+    print(f"  bare `docker exec`           {bare * 1000:8.1f}")
+    over = (tooled - bare) * 1000
+    print(f"  through trial-tool           {tooled * 1000:8.1f}  +{over:.1f}  {verdict} {TARGET_DOCKER_MS:.0f}")
+    plain, unboxed = figures["bare echo"], figures["trial-tool, --sandbox none"]
+    own = (unboxed - plain) * 1000
+    print(f"    of which trial-tool's own per-call cost (--sandbox none over a bare spawn): {own:.1f}")
+    print(f"    and the container's checks and its exec's script: {over - own:.1f}")
+    print(f"  a trial's first call (starts its container)  {figures['first call (starts the container)'] * 1000:.0f}")
+    for mode in ("docker", "bwrap"):
+        print(f"  20 trials of 5 calls, {mode:<7} {figures[f'20 trials of 5 calls, {mode}']:8.2f} s")
+
+
 def sandbox_unavailable() -> str | None:
     """Why bwrap cannot make a sandbox here, or None when it can."""
     from trialtool.process import sandbox
@@ -630,7 +735,13 @@ def main() -> int:
     parser.add_argument("--trial-tool", default=shutil.which("trial-tool") or "trial-tool")
     parser.add_argument("--trials", type=Path, help="only the graders' figures, over the trials in this directory")
     parser.add_argument("--replicate", type=int, default=1, help="with --trials: also over K hard-linked copies")
+    parser.add_argument("--docker", action="store_true", help="only the docker backend's figures")
     args = parser.parse_args()
+    if args.docker:
+        work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))
+        docker_figures(work, sys.executable, args.runs)
+        shutil.rmtree(work)
+        return 0
     if args.trials is not None:
         graders_figures(args.trial_tool, args.trials, args.replicate)
         return 0
@@ -686,6 +797,7 @@ def main() -> int:
     stopping(tool, work, python, no_output)
     sandbox_figures(tool, work, python, args.runs)
     home_figures(tool, work, args.runs)
+    docker_figures(work, python, args.runs)
     trust_figures(python, args.runs)
     server_figures(tool, work, python, args.runs)
     ledger_figures(tool, work, python)

@@ -271,6 +271,17 @@ def test_exit_codes_are_the_commands(box: Sandboxed) -> None:
     assert statuses == ["error", "error", "command_error", "command_error"]
 
 
+@pytest.mark.parametrize("name", ["\x85", "a\nb", "x\u2028y", "plain"])
+def test_bwraps_word_for_a_missing_command_is_read_whatever_its_name(name: str) -> None:
+    """bwrap names the command it could not run; a name may break lines (U+0085, "\\n") and is still the command's."""
+    said = f"bwrap: execvp {name}: {os.strerror(2)}\n".encode()
+    assert sandbox.bwrap.failure(said) == ("not_found", os.strerror(2))
+    assert sandbox.bwrap.failure(b"bwrap: Creating new namespace failed: nope\n") == (
+        "sandbox",
+        "bwrap: Creating new namespace failed: nope",
+    )
+
+
 def test_the_sandbox_settings_are_pinned(box: Sandboxed) -> None:
     assert box.sh("true").returncode == 0
     box.pinned = ["--sandbox", "none"]

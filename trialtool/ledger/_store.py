@@ -83,7 +83,12 @@ class Store:
         record = records.start(
             trial_id=state.trial_id,
             limits=state.limits._asdict(),
-            sandbox={name: sandbox.get(name) for name in ("mode", "network", "workspace", "writable")},
+            # A container's image too (by its id): the rules the trial's calls run under.
+            sandbox={
+                name: sandbox[name]
+                for name in ("mode", "network", "workspace", "writable", "image", "image_id")
+                if name in sandbox
+            },
             labels=state.labels,
             at_utc=state.started_at_utc,
         )

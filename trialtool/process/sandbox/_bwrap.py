@@ -195,12 +195,15 @@ def exit_code(status: bytes) -> int | None:
 
 def failure(stderr: bytes) -> tuple[str, str]:
     """Why bwrap ran nothing, from what it wrote: ("not_found" | "not_executable" | "sandbox", the reason)."""
-    lines = stderr.decode("utf-8", "replace").strip().splitlines()
-    last = lines[-1] if lines else "bwrap exited without a word"
-    if last.startswith("bwrap: execvp "):
-        reason = last.rpartition(": ")[2]
+    text = stderr.decode("utf-8", "replace").rstrip("\n")
+    # The command's name may hold any character but NUL, line breaks too (str.splitlines's U+0085, "\n"):
+    # bwrap's last message starts a line, and its reason follows the message's last ": ".
+    start = text.rfind("bwrap: execvp ")
+    if start >= 0 and (start == 0 or text[start - 1] == "\n"):
+        reason = text.rpartition(": ")[2]
         return ("not_found" if reason == os.strerror(2) else "not_executable"), reason
-    return "sandbox", last
+    lines = text.split("\n")
+    return "sandbox", lines[-1] or "bwrap exited without a word"
 
 
 class Plan:
