@@ -24,6 +24,7 @@ EXPECTED = {
     "LimitMismatch",
     "Limits",
     "LockTimeout",
+    "Ran",
     "StateError",
     "StorageError",
     "Trial",

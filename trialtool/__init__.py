@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .budget import Budget
-    from .call import CallRequest, CallResult
+    from .call import CallRequest, CallResult, Ran
     from .doors import toolreply
     from .doors.openai_tools import ahandle_tool_call, handle_tool_call, openai_tool
     from .ledger import TrialState, read_key_file
@@ -49,6 +49,7 @@ _LAZY = {
     "Limits": "limits",
     "CallResult": "call",
     "CallRequest": "call",
+    "Ran": "call",
     "read_key_file": "ledger",
     "TrialState": "ledger",
     "Trial": "trial",
@@ -99,6 +100,7 @@ __all__ = [
     "LimitMismatch",
     "Limits",
     "LockTimeout",
+    "Ran",
     "StateError",
     "StorageError",
     "Trial",

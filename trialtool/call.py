@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
@@ -101,6 +101,22 @@ class CallRequest(NamedTuple):
             grading=bool(grading),
             reply=reply,
         )
+
+
+class Ran(NamedTuple):
+    """What a command run elsewhere gave back (`Trial.acall_elsewhere`): the harness's own sandbox ran it."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    #: "exited"; "deadline": stopped at the call's deadline; "output_limit": the runner cut its output off.
+    ended: str = "exited"
+    #: Where it ran, for the call's record (`elsewhere`): such as {"sandbox": "docker"}.
+    where: Mapping[str, Any] = MappingProxyType({})
+
+
+#: Runs a command elsewhere within (seconds, bytes of each stream to keep); what it gave back.
+Runner = Callable[[float, int], Awaitable[Ran]]
 
 
 class CallResult(NamedTuple):
@@ -230,6 +246,8 @@ __all__ = [
     "CallResult",
     "Command",
     "Interrupt",
+    "Ran",
+    "Runner",
     "checked_input",
     "command_argv",
     "current_directory",

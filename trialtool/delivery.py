@@ -20,7 +20,7 @@ from .ledger import clock, records
 from .verdict import after_delivery
 
 if TYPE_CHECKING:
-    from .call import CallRequest, Interrupt
+    from .call import CallRequest, Interrupt, Ran
     from .ledger import Reservation
     from .process import Outcome
 
@@ -194,6 +194,16 @@ def settle(
         reply=request.reply,
     )
     return delivered, code
+
+
+def outcome_of(ran: Ran, elapsed: float, cap: int) -> Outcome:
+    """A command run elsewhere (`Trial.acall_elsewhere`) as an `Outcome`: its streams kept to `cap` bytes each."""
+    from .process import Outcome
+
+    out, err = ran.stdout, ran.stderr
+    code = ran.exit_code if ran.ended == "exited" else None
+    digest = hashlib.sha256(out).hexdigest(), hashlib.sha256(err).hexdigest()
+    return Outcome(out[:cap], err[:cap], len(out), len(err), *digest, ran.ended, code, None, elapsed)
 
 
 def failed(reservation: Reservation, request: CallRequest, started_wall: float, error: str) -> dict[str, Any]:

@@ -77,7 +77,7 @@ class Preflight:
             tokens.verified(path, recheck=True)
             state.rank_file = seen
 
-    def for_call(self, request: CallRequest, launcher: Launcher) -> Checks:
+    def for_call(self, request: CallRequest, launcher: Launcher | None) -> Checks:
         """The checks of one call, run by the ledger with the trial's state."""
         return Checks(self, request, launcher)
 
@@ -85,7 +85,7 @@ class Preflight:
 class Checks:
     """One call's checks; after them, `sandboxed` holds its sandbox plan, /tmp and layout, if sandboxed."""
 
-    def __init__(self, preflight: Preflight, request: CallRequest, launcher: Launcher) -> None:
+    def __init__(self, preflight: Preflight, request: CallRequest, launcher: Launcher | None) -> None:
         self.preflight = preflight
         self.request = request
         self.launcher = launcher
@@ -130,12 +130,14 @@ class Checks:
             return None
         sandbox, started = self.contained[0].sandbox, self.contained[1]
         return {
-            "name": started.name,
-            "id": started.id,
-            "image": sandbox.image,
-            "image_id": sandbox.image_id,
-            # Why a container was made for this call (the trial's first, or the last one gone); None: it was running.
-            "made": started.made,
+            "container": {
+                "name": started.name,
+                "id": started.id,
+                "image": sandbox.image,
+                "image_id": sandbox.image_id,
+                # Why a container was made for this call (the trial's first, the last one gone); None: it ran.
+                "made": started.made,
+            }
         }
 
     def __call__(self, state: TrialState) -> None:
@@ -166,10 +168,10 @@ class Checks:
         self.sandboxed = (plan, tmp, hide)
 
 
-def _reserve_spools(launcher: Launcher, capture_bytes: int) -> None:
+def _reserve_spools(launcher: Launcher | None, capture_bytes: int) -> None:
     """Room for each stream's capture, taken before the call is charged: a command that
     fills the disk its spools are on cannot then cut its own capture short."""
-    for fd in launcher.spools or ():
+    for fd in () if launcher is None else launcher.spools or ():
         try:
             reserve(fd, 0, capture_bytes)
         except OSError as exc:

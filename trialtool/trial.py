@@ -19,7 +19,7 @@ from typing import Any
 
 from . import budget, delivery
 from .budget import Budget
-from .call import CallRequest, CallResult, Command, Interrupt, current_directory
+from .call import CallRequest, CallResult, Command, Interrupt, Runner, current_directory
 from .errors import Interrupted, StateError, TrialToolError
 from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation, Settings, TrialState, liveness
 from .preflight import Preflight
@@ -53,10 +53,9 @@ class Trial:
 
     `run` may be called from several threads at once (and `arun` from several
     asyncio tasks): each call is reserved, run and committed on its own. The
-    supervisors come from a fork server started on the first call
-    (_forkserver.py), so the calling process may have threads; `close()` (or
-    leaving a `with` block) stops it, else it ends with the process. The
-    encoder is built once per process, on the first output that needs counting.
+    supervisors come from a fork server started on the first call, so the caller
+    may have threads; `close()` (or leaving a `with` block) stops it, else it
+    ends with the process.
     """
 
     def __init__(
@@ -126,18 +125,6 @@ class Trial:
         """The trial's state now."""
         return self.ledger.status()
 
-    def remove_container(self) -> bool:
-        """Stop and remove the trial's container (--sandbox docker), if it has one running; whether it had.
-
-        The trial's files stay; its next call, if any, starts a new container (and its record says so).
-        """
-        state = self.status()
-        binary = state.sandbox.binary
-        if state.sandbox.mode != "docker" or binary is None:
-            return False
-        seam.docker.check_binary(binary)
-        return seam.docker.remove(binary.path, seam.docker.name_of(state.trial_id))
-
     def budget(self) -> Budget:
         """What the trial has used and has left now (all of it, if it does not exist yet; nothing is created)."""
         try:
@@ -175,6 +162,28 @@ class Trial:
             # Wait for the call to be recorded; ignore its own outcome, the cancellation is the answer.
             await asyncio.wait([future])
             raise
+
+    async def acall_elsewhere(self, request: CallRequest, run: Runner) -> CallResult:
+        """A call the harness runs in a sandbox of its own (inspect's docker or k8s, say), budgeted here.
+
+        Reserved and charged as any call; `run(seconds, max_bytes)` runs the command, stopping it at
+        the deadline; what it gives back (`Ran`) is clipped, recorded (with its `where`) and committed.
+        """
+        import asyncio
+
+        checks = self._preflight.for_call(request, None)
+        reserve = self.ledger.reserve_grading if request.grading else self.ledger.reserve
+        argv = list(request.argv)
+        reservation = await asyncio.to_thread(reserve, self.settings, argv, preflight=checks, timeout=request.timeout)
+        started_wall, started = time.time(), time.monotonic()
+        try:
+            ran = await run(reservation.run_seconds, reservation.limits.max_capture_bytes)
+        except BaseException:
+            self.ledger.abandon(reservation.sequence)  # the next reservation records it as abandoned
+            raise
+        outcome = delivery.outcome_of(ran, time.monotonic() - started, reservation.limits.max_capture_bytes)
+        where = {"elsewhere": dict(ran.where)}
+        return await asyncio.to_thread(self._finish, reservation, request, outcome, started_wall, None, where)
 
     async def abudget(self) -> Budget:
         """`budget` for asyncio."""
@@ -299,7 +308,7 @@ class Trial:
             outcome, reservation, request, interrupt, rank_path, started_wall, bool(sandboxed)
         )
         if isinstance(sandboxed, dict):
-            record["container"] = sandboxed  # which container and image ran it, and whether it was made for it
+            record.update(sandboxed)  # which container ran it, or where a harness ran it
         if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)
             state = self.ledger.commit_grading(reservation, record)
         else:

@@ -68,13 +68,13 @@ def scripted_by(plan: list[tuple[str, dict[str, Any]]]) -> Any:
     return next_output
 
 
-def run_eval(tmp_path: Path, config: Any) -> Any:
+def run_eval(tmp_path: Path, config: Any, plan: list[tuple[str, dict[str, Any]]] = PLAN) -> Any:
     task = Task(
         dataset=[Sample(id=f"s{n}", input="go", files={"id.txt": f"sample {n}"}) for n in (1, 2)],
         solver=[use_tools(bash(), python()), generate()],
         sandbox=("trialtool", config),
     )
-    model = get_model("mockllm/model", custom_outputs=scripted_by(PLAN))
+    model = get_model("mockllm/model", custom_outputs=scripted_by(plan))
     [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none", max_samples=2)
     assert log.status == "success", log.error
     return log

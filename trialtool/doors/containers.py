@@ -17,11 +17,17 @@ from .options import Arguments
 
 
 def close(args: Arguments) -> int:
+    from ..process import sandbox
     from .fromflags import trial_of
 
-    trial = trial_of(args)
-    state = trial.status()
-    if trial.remove_container():
+    state = trial_of(args).status()
+    pinned = state.sandbox
+    removed = False
+    if pinned.mode == "docker" and pinned.binary is not None:
+        # The trial's own client, pinned: checked, never looked up again.
+        sandbox.docker.check_binary(pinned.binary)
+        removed = sandbox.docker.remove(pinned.binary.path, sandbox.docker.name_of(state.trial_id))
+    if removed:
         print(f"removed the container of trial {state.trial_id}")
     else:
         print(f"trial {state.trial_id} has no container")

@@ -36,59 +36,67 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Literal, overload
 
-from inspect_ai.log._samples import sample_active
 from inspect_ai.solver._task_state import sample_state
 from inspect_ai.util import ExecResult, SandboxEnvironment, SandboxEnvironmentConfigType, sandboxenv, subprocess
 from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 from inspect_ai.util._sandbox.environment import RootAccess, SandboxUserUnsupportedError
 from inspect_ai.util._sandbox.limits import verify_read_file_size
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
-from .. import EXIT_INTERNAL, BudgetExhausted, Trial, TrialState, TrialToolError, UsageError, read_key_file, toolreply
+from .. import EXIT_INTERNAL, BudgetExhausted, Trial, TrialToolError, UsageError, toolreply
 from .inspectexecs import inspects_own, needs_tools_server, scoring
+from .inspectinner import inner_type, run_inside
+from .inspecttrials import (
+    TrialSandboxConfig,
+    create_trial,
+    fresh,
+    is_current_user,
+    labels_of,
+    root_of,
+    safe,
+    settings_of,
+)
 
 #: The key of the sample's metadata that holds the trial's account.
 METADATA_KEY = "trialtool"
-
-
-class TrialSandboxConfig(BaseModel):
-    """The sandbox's settings, from the Task (`sandbox=("trialtool", config)`) or a YAML/JSON file."""
-
-    # inspect keys its sandbox specs by their config: frozen, and hashed by value (`limits` is a dict).
-    model_config = ConfigDict(frozen=True)
-
-    def __hash__(self) -> int:
-        return hash(self.model_dump_json())
-
-    #: Where each sample's trial directory is made; default: beside the eval log.
-    root: str | None = None
-    #: Limits pinned in every sample's trial, as `Trial` takes them (max_calls, max_tokens,
-    #: call_timeout, ...), and its sandbox settings (sandbox, network, writable).
-    limits: dict[str, Any] = Field(default_factory=dict)
-    #: Keep the sample's workspace after cleanup (its state and log are always kept).
-    keep_workspace: bool = False
-    #: One stream for stdout and stderr, in the order written (delivered as stdout).
-    merge_output: bool = False
-    #: A file holding the ledger key: every trial keyed (HMAC), the file hidden from sandboxed commands.
-    key_file: str | None = None
 
 
 @sandboxenv(name="trialtool")
 class TrialSandboxEnvironment(SandboxEnvironment):
     """A sample's trial: its execs are budgeted calls, its files live in the trial's workspace."""
 
-    def __init__(self, trial: Trial, workspace: Path, settings: TrialSandboxConfig, account: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        trial: Trial,
+        workspace: Path,
+        settings: TrialSandboxConfig,
+        account: dict[str, Any],
+        inner: tuple[str, SandboxEnvironment] | None = None,
+    ) -> None:
         super().__init__()
         self.trial = trial
         self.workspace = workspace
         self.settings = settings
         #: What the sample's metadata says of the trial (METADATA_KEY).
         self.account = account
+        #: The inner sandbox's environment that runs this one's commands (its name there), if any.
+        self.inner = inner
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        settings = settings_of(config)
+        if settings.inner is not None:
+            await inner_type(settings.inner).task_init(task_name, settings.inner_config)
+
+    @classmethod
+    async def task_cleanup(cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool) -> None:
+        settings = settings_of(config)
+        if settings.inner is not None:
+            await inner_type(settings.inner).task_cleanup(task_name, settings.inner_config, cleanup)
 
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
@@ -98,14 +106,14 @@ class TrialSandboxEnvironment(SandboxEnvironment):
     async def sample_init(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
     ) -> dict[str, SandboxEnvironment]:
-        settings = _settings(config)
+        settings = settings_of(config)
         state = sample_state()
-        sample = "sample" if state is None else _safe(str(state.sample_id))
+        sample = "sample" if state is None else safe(str(state.sample_id))
         epoch = 1 if state is None else state.epoch
-        directory = _fresh(_root(settings, task_name) / f"{sample}-epoch{epoch}")
+        directory = fresh(root_of(settings, task_name) / f"{sample}-epoch{epoch}")
         workspace = directory / "workspace"
-        labels = _labels(task_name, state)
-        trial, created = await asyncio.to_thread(_create_trial, directory, workspace, settings, labels)
+        labels = labels_of(task_name, state)
+        trial, created = await asyncio.to_thread(create_trial, directory, workspace, settings, labels)
         account = {
             "trial_id": created.trial_id,
             "labels": created.labels,
@@ -117,6 +125,12 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             # The log's chain head after the last call: `trial-tool verify --expect-head` checks against it.
             "head": created.log.head,
         }
+        if settings.inner is not None:
+            # The inner sandbox makes the sample's environments; all of them are calls of the one trial.
+            inners = await inner_type(settings.inner).sample_init(task_name, settings.inner_config, metadata)
+            made = {name: cls(trial, workspace, settings, account, (name, env)) for name, env in inners.items()}
+            next(iter(made.values()))._publish()
+            return dict(made)
         environment = cls(trial, workspace, settings, account)
         # inspect probes each sandbox for root at sample init with an exec, unless the sandbox
         # carries its verdict: here it would be a charged call the agent never made. The verdict is
@@ -133,8 +147,11 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         environments: dict[str, SandboxEnvironment],
         interrupted: bool,
     ) -> None:
+        inners: dict[str, SandboxEnvironment] = {}
         for environment in environments.values():
             own = environment.as_type(TrialSandboxEnvironment)
+            if own.inner is not None:
+                inners[own.inner[0]] = own.inner[1]
             try:
                 await own._account_from_state()
             except TrialToolError:
@@ -142,6 +159,9 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             await asyncio.to_thread(own.trial.close)
             if not own.settings.keep_workspace:
                 await asyncio.to_thread(shutil.rmtree, own.workspace, True)
+        settings = settings_of(config)
+        if settings.inner is not None and inners:
+            await inner_type(settings.inner).sample_cleanup(task_name, settings.inner_config, inners, interrupted)
 
     async def exec(
         self,
@@ -155,7 +175,9 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         concurrency: bool = True,
     ) -> ExecResult[str]:
         """One call of the sample's trial; a refusal is a failed exec whose stderr says why."""
-        if user is not None and not _is_current_user(user):
+        if self.inner is not None:
+            return await self._exec_inside(self.inner, cmd, input, cwd, env, user, timeout)
+        if user is not None and not is_current_user(user):
             msg = f"the trialtool sandbox runs commands as the current user only, not {user!r}"
             raise SandboxUserUnsupportedError(msg)
         directory = self.workspace if cwd is None else self.workspace / cwd
@@ -201,6 +223,49 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             )
         return ExecResult(result.exit_code == 0, result.exit_code, result.stdout, result.stderr)
 
+    async def _exec_inside(
+        self,
+        inner: tuple[str, SandboxEnvironment],
+        cmd: list[str],
+        input: str | bytes | None,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        user: str | None,
+        timeout: int | None,
+    ) -> ExecResult[str]:
+        """An exec of the inner sandbox's environment, as one call of the trial (inspectinner.py)."""
+        name, environment = inner
+        if inspects_own(cmd):  # inspect's own plumbing: the harness's, uncharged
+            return await environment.exec(cmd, input=input, cwd=cwd, env=env, user=user, timeout=timeout)
+        tool = cmd[:1] == [SANDBOX_CLI]
+        where = {"sandbox": self.settings.inner, "environment": name}
+        try:
+            result = await run_inside(
+                self.trial,
+                environment,
+                where,
+                cmd,
+                input=input,
+                cwd=cwd,
+                env=env,
+                user=user,
+                timeout=timeout,
+                grading=scoring(),
+                merge_output=self.settings.merge_output and not tool,
+                grace=float(self.account["limits"]["kill_grace"]),
+            )
+        except TrialToolError as exc:
+            if isinstance(exc, BudgetExhausted):
+                await self._account_from_state()
+            return ExecResult(False, exc.exit_code, "", toolreply.refusal(exc))
+        self.account["budget"], self.account["head"] = result.budget.as_json(), result.head
+        self._publish()
+        if tool and result.status == "timeout":
+            raise TimeoutError(
+                f"the tool's call was stopped at its deadline ({result.record.get('deadline_seconds')} s)"
+            )
+        return ExecResult(result.exit_code == 0, result.exit_code, result.stdout, result.stderr)
+
     async def _account_from_state(self) -> None:
         """The account's budget and head as the trial's state has them now; published."""
         now = await asyncio.to_thread(self.trial.budget)
@@ -209,6 +274,8 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         self._publish()
 
     async def write_file(self, file: str, contents: str | bytes) -> None:
+        if self.inner is not None:
+            return await self.inner[1].write_file(file, contents)
         path = self._resolve(file)
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(contents, str):
@@ -223,6 +290,9 @@ class TrialSandboxEnvironment(SandboxEnvironment):
     async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
 
     async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        if self.inner is not None:
+            read: str | bytes = await self.inner[1].read_file(file, text)  # type: ignore[call-overload]
+            return read
         path = self._resolve(file)
         verify_read_file_size(str(path))
         if text:
@@ -238,97 +308,6 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         state = sample_state()
         if state is not None:
             state.metadata[METADATA_KEY] = dict(self.account)
-
-
-def _settings(config: SandboxEnvironmentConfigType | None) -> TrialSandboxConfig:
-    if config is None:
-        return TrialSandboxConfig()
-    if isinstance(config, TrialSandboxConfig):
-        return config
-    if isinstance(config, BaseModel):
-        return TrialSandboxConfig(**config.model_dump())
-    if isinstance(config, str):
-        import yaml  # type: ignore[import-untyped]  # inspect's own dependency; reads JSON too
-
-        with open(config, encoding="utf-8") as source:
-            return TrialSandboxConfig(**(yaml.safe_load(source) or {}))
-    msg = f"the trialtool sandbox's config must be a TrialSandboxConfig, a dict or a file, not {type(config).__name__}"
-    raise UsageError(msg)
-
-
-def _root(settings: TrialSandboxConfig, task_name: str) -> Path:
-    """Where this eval's trials go: `<root>/<eval log's name>/`, by default beside the eval log."""
-    active = sample_active()
-    location = "" if active is None else active.log_location
-    name = _safe(Path(location).stem) if location else _safe(task_name)
-    if settings.root is not None:
-        return Path(settings.root).absolute() / name
-    if location and "://" not in location:
-        return Path(location).absolute().parent / f"{name}.trials"
-    return Path("trialtool-trials").absolute() / name
-
-
-def _fresh(directory: Path) -> Path:
-    """`directory`, or `directory-2`, `-3`...: a retried sample gets a new trial, the old one stays for the record."""
-    candidate, attempt = directory, 1
-    while True:
-        try:
-            candidate.mkdir(parents=True)
-            return candidate
-        except FileExistsError:
-            attempt += 1
-            candidate = directory.with_name(f"{directory.name}-{attempt}")
-
-
-def _labels(task_name: str, state: Any) -> dict[str, str]:
-    """Who the sample's trial is: task, sample id, epoch, model, and the eval's run and eval ids.
-
-    inspect's sample context says each; what it does not know here is left out.
-    """
-    labels = {"task": task_name}
-    if state is not None:
-        labels.update(sample=str(state.sample_id), epoch=str(state.epoch), model=str(state.model))
-    active = sample_active()
-    if active is not None:
-        labels["model"] = str(active.model)
-        for name, value in (("run", active.run_id), ("eval", active.eval_id), ("eval_set", active.eval_set_id)):
-            if value:
-                labels[name] = str(value)
-    # A label is printable text of bounded length (ledger/_labels.py); a sample id may be neither.
-    return {name: "".join(ch if ch.isprintable() else "?" for ch in value)[:1024] for name, value in labels.items()}
-
-
-def _create_trial(
-    directory: Path, workspace: Path, settings: TrialSandboxConfig, labels: dict[str, str]
-) -> tuple[Trial, TrialState]:
-    """The sample's trial, created with its limits and labels pinned, and its state as created."""
-    workspace.mkdir()
-    key = None if settings.key_file is None else read_key_file(settings.key_file, "key_file")
-    trial = Trial(
-        directory / "state.json",
-        directory / "log.jsonl",
-        limits={"workspace": str(workspace), **settings.limits},
-        key=key,
-        hidden_files=[settings.key_file] if settings.key_file else [],
-        origin=workspace,
-        labels=labels,
-    )
-    return trial, trial.init()
-
-
-def _safe(name: str) -> str:
-    """A sample id or a log's name as one path component."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "sample"
-
-
-def _is_current_user(user: str) -> bool:
-    import pwd
-
-    try:
-        uid = int(user) if user.isdecimal() else pwd.getpwnam(user).pw_uid
-    except KeyError:
-        return False
-    return uid == os.geteuid()
 
 
 __all__ = ["METADATA_KEY", "TrialSandboxConfig", "TrialSandboxEnvironment"]
