@@ -17,7 +17,10 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.dockerengine import engine
 from trialtool import tokens
+
+__all__ = ["engine"]  # the container engine's fixture, for the docker backend's tests and mini's over it
 
 
 def _command_python() -> str:

@@ -36,6 +36,7 @@ EXPECTED = {
     "handle_tool_call",
     "openai_tool",
     "read_key_file",
+    "remove_container",
     "toolreply",
 }
 

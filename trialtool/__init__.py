@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from .budget import Budget
     from .call import CallRequest, CallResult, Ran
     from .doors import toolreply
+    from .doors.containers import remove_container
     from .doors.openai_tools import ahandle_tool_call, handle_tool_call, openai_tool
     from .ledger import TrialState, read_key_file
     from .limits import Limits
@@ -58,6 +59,8 @@ _LAZY = {
     "ahandle_tool_call": "doors.openai_tools",
     # A module: what an agent reads back from a call, for a harness's own tools.
     "toolreply": "doors.toolreply",
+    # A trial's container (--sandbox docker), removed when the harness is done with it.
+    "remove_container": "doors.containers",
 }
 
 
@@ -112,5 +115,6 @@ __all__ = [
     "handle_tool_call",
     "openai_tool",
     "read_key_file",
+    "remove_container",
     "toolreply",
 ]

@@ -16,6 +16,7 @@ from minisweagent.environments import get_environment
 from minisweagent.models.test_models import DeterministicModel, make_output
 
 from tests.conftest import strict_records
+from tests.dockerengine import Engine
 from trialtool.integrations.minisweagent import SUBMIT
 from trialtool.ledger._verify import verify
 
@@ -136,3 +137,38 @@ def test_the_example_runs(tmp_path: Path) -> None:
     assert "exit status: LimitsExceeded" in done.stdout
     statuses = [r["status"] for r in strict_records(tmp_path / "log.jsonl")]
     assert statuses == ["ok", "ok", "maximum_tool_calls"]
+
+
+def test_over_a_container_of_the_tasks_image(tmp_path: Path, engine: Engine) -> None:
+    """TrialDockerEnvironment: mini's docker settings, each command a call in the trial's own container."""
+    state, log = tmp_path / "run" / "state.json", tmp_path / "run" / "log.jsonl"
+    env = get_environment(
+        {
+            "environment_class": "trialtool.integrations.minisweagent.TrialDockerEnvironment",
+            "state": str(state),
+            "log": str(log),
+            "image": engine.tag,
+            "cwd": "/etc",
+            "interpreter": ["sh", "-c"],  # the test image has busybox's sh, no bash
+            "env": {"GREETING": "hi"},
+            "limits": {"max_calls": 3, "call_timeout": 2, "kill_grace": 0.5},
+        }
+    )
+    commands = ["cat image; pwd; echo $GREETING", "sleep 100 & sleep 50", f"echo {SUBMIT}; echo done"]
+    model = DeterministicModel(outputs=[make_output(f"step {n}", [{"command": c}]) for n, c in enumerate(commands)])
+    agent = DefaultAgent(model, env, **AGENT)
+    try:
+        outcome = agent.run("go")
+        name = f"trialtool-{json.loads(state.read_text())['trial_id']}"
+        left = engine.processes(name)  # after a call stopped at its deadline: the container's own two
+    finally:
+        agent.env.close()
+    assert outcome["exit_status"] == "Submitted" and outcome["submission"] == "done\n"
+    first, second = observations(agent)[:2]
+    assert first["extra"]["raw_output"] == f"{engine.tag}\n/etc\nhi\n"
+    assert second["extra"]["trial_tool"]["status"] == "timeout"
+    assert len(left) == 2, left
+    records = strict_records(log)
+    assert [r["status"] for r in records] == ["ok", "timeout", "ok"]
+    assert {r["container"]["image_id"] for r in records} == {engine.image_id}
+    assert engine.state_of(name) is None  # close() removed the trial's container

@@ -16,21 +16,31 @@ from ..errors import TrialToolError
 from .options import Arguments
 
 
-def close(args: Arguments) -> int:
+def remove_container(trial: Trial) -> bool:
+    """Stop and remove `trial`'s container (--sandbox docker), if it has one; whether it had.
+
+    The trial's files stay; a later call starts a new container, and its record says so.
+    """
     from ..process import sandbox
+
+    state = trial.status()
+    pinned = state.sandbox
+    if pinned.mode != "docker" or pinned.binary is None:
+        return False
+    # The trial's own client, pinned: checked, never looked up again.
+    sandbox.docker.check_binary(pinned.binary)
+    return sandbox.docker.remove(pinned.binary.path, sandbox.docker.name_of(state.trial_id))
+
+
+def close(args: Arguments) -> int:
     from .fromflags import trial_of
 
-    state = trial_of(args).status()
-    pinned = state.sandbox
-    removed = False
-    if pinned.mode == "docker" and pinned.binary is not None:
-        # The trial's own client, pinned: checked, never looked up again.
-        sandbox.docker.check_binary(pinned.binary)
-        removed = sandbox.docker.remove(pinned.binary.path, sandbox.docker.name_of(state.trial_id))
-    if removed:
-        print(f"removed the container of trial {state.trial_id}")
+    trial = trial_of(args)
+    trial_id = trial.status().trial_id
+    if remove_container(trial):
+        print(f"removed the container of trial {trial_id}")
     else:
-        print(f"trial {state.trial_id} has no container")
+        print(f"trial {trial_id} has no container")
     return 0
 
 
@@ -61,4 +71,4 @@ def _over(trial_id: str, state_path: str, log_path: str) -> str | None:
     return "its trial's budget is spent" if spent else None
 
 
-__all__ = ["close", "gc"]
+__all__ = ["close", "gc", "remove_container"]

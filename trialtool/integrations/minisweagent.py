@@ -20,13 +20,14 @@ an observation instead. docs/minisweagent.md has a runnable example.
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any, Literal
 
 from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentConfig
 from minisweagent.exceptions import LimitsExceeded, TimeExceeded
 from pydantic import Field
 
-from .. import BudgetExhausted, Trial, TrialToolError, read_key_file, toolreply
+from .. import BudgetExhausted, Trial, TrialToolError, read_key_file, remove_container, toolreply
 
 
 class TrialEnvironmentConfig(LocalEnvironmentConfig):
@@ -66,18 +67,18 @@ class TrialEnvironment(LocalEnvironment):
     def execute(self, action: dict[str, Any], cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
         """Run the action's command as one call of the trial; mini's observation of it."""
         command = action.get("command", "")
-        cwd = cwd or self.config.cwd or os.getcwd()
         timeout = timeout or self.config.timeout
-        options = {"cwd": cwd, "env": self.config.env, "timeout": float(timeout) if timeout else None}
+        run, options = self._call(command, cwd)
+        options["timeout"] = float(timeout) if timeout else None
         submits = _submits(command)
         try:
             # The agent's spent budget does not take away its submission: it runs as the harness's
             # own (recorded as grading, uncharged), and its output ends the run as `Submitted`.
             grading = submits and self.trial.budget().exhausted
-            result = self.trial.run(command, merge_output=self.config.merge_output, grading=grading, **options)
+            result = self.trial.run(run, merge_output=self.config.merge_output, grading=grading, **options)
         except BudgetExhausted as exc:
             if submits:  # spent meanwhile (another process of the trial): submitted all the same
-                result = self.trial.run(command, merge_output=self.config.merge_output, grading=True, **options)
+                result = self.trial.run(run, merge_output=self.config.merge_output, grading=True, **options)
                 return self._observed(result)
             if self.config.on_exhausted == "raise":
                 kind = TimeExceeded if exc.status == "task_timeout_seconds" else LimitsExceeded
@@ -88,6 +89,10 @@ class TrialEnvironment(LocalEnvironment):
         except TrialToolError as exc:
             return self._not_run(exc)
         return self._observed(result)
+
+    def _call(self, command: str, cwd: str) -> tuple[Any, dict[str, Any]]:
+        """What the trial runs for mini's `command`, and its options: here, the command in `cwd` on this machine."""
+        return command, {"cwd": cwd or self.config.cwd or os.getcwd(), "env": self.config.env}
 
     def _observed(self, result: Any) -> dict[str, Any]:
         """mini's observation of a call that ran (checked for mini's submission, which ends the run)."""
@@ -135,6 +140,45 @@ class TrialEnvironment(LocalEnvironment):
         self.trial.close()
 
 
+class TrialDockerEnvironmentConfig(TrialEnvironmentConfig):
+    """mini's docker settings (`image`, `cwd` in the container, `env`, `forward_env`, `interpreter`) and the trial's."""
+
+    image: str
+    #: Where commands start, in the container (the image's paths: /testbed, say).
+    cwd: str = "/"
+    forward_env: list[str] = Field(default_factory=list)
+    interpreter: list[str] = Field(default_factory=lambda: ["bash", "-lc"])
+    #: The host directory bound into the container at its own path (default: `workspace` beside the state).
+    workspace: str | None = None
+
+
+class TrialDockerEnvironment(TrialEnvironment):
+    """mini's docker environment, each command a call of a trial run by trialtool's own docker backend.
+
+    The trial's container is made from `image` on the first call and kept (docs/containers.md):
+    a deadline stops and sweeps what the command started in it, which mini's own `docker exec`
+    with a client-side timeout leaves running. `close()` removes it.
+    """
+
+    def __init__(self, *, config_class: type = TrialDockerEnvironmentConfig, **kwargs: Any) -> None:
+        config = config_class(**kwargs)
+        workspace = config.workspace or os.path.join(os.path.dirname(os.path.abspath(config.state)), "workspace")
+        os.makedirs(workspace, exist_ok=True)
+        limits = {**config.limits, "sandbox": "docker", "image": config.image, "workspace": workspace}
+        super().__init__(config_class=config_class, **{**kwargs, "limits": limits})
+
+    def _call(self, command: str, cwd: str) -> tuple[Any, dict[str, Any]]:
+        """mini's interpreter over the command, after a `cd` to its directory in the container."""
+        forwarded = {name: os.environ[name] for name in self.config.forward_env if name in os.environ}
+        where = shlex.quote(cwd or self.config.cwd)
+        return [*self.config.interpreter, f"cd {where} && {command}"], {"env": {**forwarded, **self.config.env}}
+
+    def close(self) -> None:
+        """Remove the trial's container, and stop the trial's fork server."""
+        remove_container(self.trial)
+        super().close()
+
+
 #: Statuses where the command did not end on its own: mini shows these as an exception.
 _STOPPED = frozenset(
     {"timeout", "output_limit", "memory_limit", "cpu_limit", "file_size_limit", "process_limit", "interrupted"}
@@ -160,4 +204,4 @@ def _account(result: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in result.items() if name not in ("stdout", "stderr")}
 
 
-__all__ = ["TrialEnvironment", "TrialEnvironmentConfig"]
+__all__ = ["TrialDockerEnvironment", "TrialDockerEnvironmentConfig", "TrialEnvironment", "TrialEnvironmentConfig"]

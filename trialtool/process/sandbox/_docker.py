@@ -55,13 +55,14 @@ CLIENTS = ("docker", "podman")
 #: How long the last sweep of a stopped call may take.
 _SWEEP_TIMEOUT = 30.0
 
-#: Run in the container, by /bin/sh. `run DIR UNSET CMD...`: the command, in DIR, without the variables
-#: named in UNSET; then every process it left is killed. `stop SIGNAL [spare]`: signal every process of
-#: the container but its init and keeper (session 1) and this script itself; with `spare`, the calls'
-#: own shells (started by the engine: parent 0) too, so that a call's shell outlives its command's TERM.
+#: Run in the container, by /bin/sh. `run DIR UNSET CMD...`: the command, in DIR (empty: the image's
+#: working directory), without the variables named in UNSET; then every process it left is killed.
+#: `stop SIGNAL [spare]`: signal every process of the container but its init and keeper (session 1) and
+#: this script itself; with `spare`, the calls' own shells too (started by the engine: parent 0), so
+#: that a call's shell outlives its command's TERM.
 SCRIPT = (
     # One line, so that the shell's own words for a command it cannot run are what `sh -c` would say.
-    r"""if [ "$1" = run ]; then cd -- "$2" 2>/dev/null || { """
+    r"""if [ "$1" = run ]; then [ -z "$2" ] || cd -- "$2" 2>/dev/null || { """
     r"""echo "trial-tool: the call's directory $2 is not in the container" >&2; exit 126; }; """
     r"""for v in $3; do unset "$v"; done; shift 3; "$@"; s=$?; set -- run KILL all; fi
 end() {
@@ -223,7 +224,13 @@ class Container:
         unset: Sequence[str],
         stdin: bool,
     ) -> list[str]:
-        """The client's command line that runs `command` in the container, in `cwd`."""
+        """The client's command line that runs `command` in the container, in `cwd`.
+
+        The call's directory is the same path inside when it lies in the workspace or a writable path
+        (bound at their own paths); anywhere else on the host means nothing in the image: the command
+        then starts in the image's working directory.
+        """
+        cwd = cwd if any(inside(os.path.realpath(cwd), root) for root in self.sandbox.roots) else ""
         argv = [self.binary.path, "exec"]
         if stdin:
             argv.append("--interactive")

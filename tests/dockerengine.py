@@ -1,0 +1,107 @@
+"""A container engine for the tests: an image built here offline, and every container and image made removed.
+
+The image is `docker import` of a root holding busybox-static (no registry is
+reachable); the session's fixture `engine` skips, saying why, where no engine
+answers or busybox-static is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tests.conftest import TrialFiles
+
+BUSYBOX = "/usr/bin/busybox"
+#: The applets the image links; busybox's sh runs the rest of its applets itself.
+APPLETS = ("sh", "ls", "cat", "echo", "sleep", "kill", "ps", "true", "id", "env", "wc", "head", "yes", "setsid", "pwd")
+
+
+def _client() -> str | None:
+    path = shutil.which("docker")
+    if path is None:
+        return None
+    done = subprocess.run([path, "info", "--format", "{{.ServerVersion}}"], capture_output=True, timeout=60)
+    return path if done.returncode == 0 else None
+
+
+#: Every image these tests built, by id: removed at the end, whatever became of their tags.
+BUILT: list[str] = []
+
+
+def build(docker: str, root: Path, tag: str, extra: str = "") -> str:
+    for name in ("bin", "tmp", "proc", "dev", "etc", "sys"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+    for applet in APPLETS:
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "etc" / "image").write_text((extra or tag) + "\n")
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True, timeout=60)
+    subprocess.run([docker, "import", "-", tag], input=tar.stdout, capture_output=True, check=True, timeout=120)
+    image_id = subprocess.run(
+        [docker, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    BUILT.append(image_id)
+    return image_id
+
+
+class Engine:
+    """The engine as these tests use it: their image, their containers, and a look inside."""
+
+    def __init__(self, docker: str, tag: str, image_id: str, root: Path) -> None:
+        self.docker, self.tag, self.image_id, self.root = docker, tag, image_id, root
+
+    def name_of(self, trial: TrialFiles) -> str:
+        return f"trialtool-{trial.state_json()['trial_id']}"
+
+    def processes(self, name: str) -> list[str]:
+        """Every process in the container but the `ps` that lists them: pid and command."""
+        done = subprocess.run(
+            [self.docker, "exec", name, "ps", "-o", "pid,args"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return [line.strip() for line in done.stdout.splitlines()[1:] if "ps -o pid,args" not in line]
+
+    def state_of(self, name: str) -> str | None:
+        done = subprocess.run(
+            [self.docker, "inspect", "--format", "{{.State.Status}}", name], capture_output=True, text=True
+        )
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    def containers(self) -> list[str]:
+        """The names of the containers whose trial lives under this test run's root."""
+        done = subprocess.run(
+            [self.docker, "ps", "--all", "--filter", "label=trialtool.trial", "--format",
+             '{{.Names}}\t{{.Label "trialtool.state"}}'],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        rows = [line.split("\t") for line in done.stdout.splitlines() if line]
+        return [name for name, state in rows if state.startswith(str(self.root))]
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    docker = _client()
+    if docker is None:
+        pytest.skip("no container engine answers here (install docker.io and start dockerd; .ci/run does)")
+    if not os.path.exists(BUSYBOX):
+        pytest.skip("the test image is built from busybox-static (apt-get install busybox-static; .ci/run does)")
+    # Every trial of this run (this worker's) lives under its base temporary directory.
+    root = tmp_path_factory.getbasetemp()
+    tag = f"trialtool-test-{uuid.uuid4().hex[:12]}:busybox"
+    found = Engine(docker, tag, build(docker, tmp_path_factory.mktemp("docker"), tag), root)
+    try:
+        yield found
+    finally:
+        for name in found.containers():
+            subprocess.run([docker, "rm", "--force", name], capture_output=True, timeout=120)
+        for image_id in BUILT:
+            subprocess.run([docker, "image", "rm", "--force", image_id], capture_output=True, timeout=120)
