@@ -87,7 +87,19 @@ def test_a_deadline_leaves_nothing_running_in_the_container(boxed: TrialFiles, e
 
 def test_a_command_that_ends_leaves_nothing_behind(boxed: TrialFiles, engine: Engine) -> None:
     done = run(boxed, engine, "sh", "-c", "(setsid sleep 300 &); sleep 200 & echo quick")
-    assert done.returncode == 0 and done.stdout == b"quick\n"
+    assert done.returncode == 0 and done.stdout == b"quick\n" and done.stderr == b""
+    assert len(engine.processes(engine.name_of(boxed))) == 2
+
+
+def test_a_fork_loop_held_by_the_process_cap_is_swept_and_the_sweep_says_nothing(
+    boxed: TrialFiles, engine: Engine
+) -> None:
+    """Processes appear and vanish while the sweep reads /proc: none of its own words reach the agent."""
+    loop = "trap '' TERM; while :; do (sleep 100 &) 2>/dev/null; sh -c 'while :; do sleep 1 & done' 2>/dev/null & done"
+    done = run(
+        boxed, engine, "sh", "-c", loop, more=("--max-procs", "40", "--call-timeout", "3", "--kill-grace", "0.3")
+    )
+    assert b"/proc/" not in done.stderr, done.stderr
     assert len(engine.processes(engine.name_of(boxed))) == 2
 
 

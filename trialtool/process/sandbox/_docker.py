@@ -72,7 +72,7 @@ end() {
     for p in /proc/[0-9]*; do
       p=${p#/proc/}
       [ "$p" = 1 ] || [ "$p" = "$$" ] && continue
-      read -r l < "/proc/$p/stat" 2>/dev/null || continue
+      read -r l 2>/dev/null < "/proc/$p/stat" || continue
       set -- "$1" "$2" ${l##*) }
       [ "$3" = Z ] || [ "$6" = 1 ] && continue
       [ "$2" = spare ] && [ "$4" = 0 ] && continue
