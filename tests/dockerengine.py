@@ -22,7 +22,24 @@ if TYPE_CHECKING:
 
 BUSYBOX = "/usr/bin/busybox"
 #: The applets the image links; busybox's sh runs the rest of its applets itself.
-APPLETS = ("sh", "ls", "cat", "echo", "sleep", "kill", "ps", "true", "id", "env", "wc", "head", "yes", "setsid", "pwd")
+APPLETS = (
+    "sh",
+    "ls",
+    "cat",
+    "echo",
+    "sleep",
+    "kill",
+    "ps",
+    "true",
+    "id",
+    "env",
+    "wc",
+    "head",
+    "yes",
+    "setsid",
+    "pwd",
+    "timeout",
+)
 
 
 def _client() -> str | None:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .budget import Budget
     from .call import CallRequest, CallResult, Ran
     from .doors import toolreply
-    from .doors.containers import remove_container
+    from .doors.containers import remove_container, sweep_command
     from .doors.openai_tools import ahandle_tool_call, handle_tool_call, openai_tool
     from .ledger import TrialState, read_key_file
     from .limits import Limits
@@ -61,6 +61,7 @@ _LAZY = {
     "toolreply": "doors.toolreply",
     # A trial's container (--sandbox docker), removed when the harness is done with it.
     "remove_container": "doors.containers",
+    "sweep_command": "doors.containers",
 }
 
 
@@ -116,5 +117,6 @@ __all__ = [
     "openai_tool",
     "read_key_file",
     "remove_container",
+    "sweep_command",
     "toolreply",
 ]

@@ -163,18 +163,22 @@ class Trial:
             await asyncio.wait([future])
             raise
 
-    async def acall_elsewhere(self, request: CallRequest, run: Runner) -> CallResult:
+    async def acall_elsewhere(self, request: CallRequest, run: Runner, *, one_at_a_time: bool = False) -> CallResult:
         """A call the harness runs in a sandbox of its own (inspect's docker or k8s, say), budgeted here.
 
-        Reserved and charged as any call; `run(seconds, max_bytes)` runs the command, stopping it at
-        the deadline; what it gives back (`Ran`) is clipped, recorded (with its `where`) and committed.
+        Reserved and charged as any call (`one_at_a_time`: after the trial's calls in flight);
+        `run(seconds, max_bytes)` runs the command, stopping it at the deadline; what it gives back
+        (`Ran`) is clipped, recorded (with its `where`) and committed.
         """
         import asyncio
+        import functools
 
         checks = self._preflight.for_call(request, None)
-        reserve = self.ledger.reserve_grading if request.grading else self.ledger.reserve
-        argv = list(request.argv)
-        reservation = await asyncio.to_thread(reserve, self.settings, argv, preflight=checks, timeout=request.timeout)
+        options: dict[str, Any] = {"preflight": checks, "timeout": request.timeout}
+        if one_at_a_time and not request.grading:
+            options["one_at_a_time"] = lambda state: True
+        reserve = functools.partial(self.ledger.reserve_grading if request.grading else self.ledger.reserve, **options)
+        reservation = await asyncio.to_thread(reserve, self.settings, list(request.argv))
         started_wall, started = time.time(), time.monotonic()
         try:
             ran = await run(reservation.run_seconds, reservation.limits.max_capture_bytes)

@@ -11,14 +11,25 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("inspect_ai", reason="inspect-ai is not installed (pip install 'trialtool[test]')")
 
+from inspect_ai import Task, eval
+from inspect_ai.dataset import Sample
+from inspect_ai.model import get_model
+from inspect_ai.solver import generate, use_tools
+from inspect_ai.tool import Tool, tool
+from inspect_ai.util import ExecResult, SandboxEnvironment, SandboxEnvironmentConfigType, sandbox, sandboxenv
+from inspect_ai.util import subprocess as run_async
+
 from tests.conftest import strict_records
-from tests.integrations.test_inspect import CODE, offline_tiktoken, run_eval
+from tests.dockerengine import Engine
+from tests.integrations.test_inspect import CODE, offline_tiktoken, run_eval, scripted_by
 from trialtool.integrations.inspectai import TrialSandboxConfig
 from trialtool.ledger._verify import verify
 
@@ -79,3 +90,101 @@ def test_over_inspects_docker_sandbox(tmp_path: Path) -> None:
         records = strict_records(Path(sample.metadata["trialtool"]["log"]))
         assert [r["status"] for r in records] == ["ok", "ok", "ok", "maximum_tool_calls"]
         assert records[0]["elsewhere"]["sandbox"] == "docker"
+
+
+@sandboxenv(name="trialtool-test-container")
+class ContainerSandbox(SandboxEnvironment):
+    """inspect's docker sandbox in miniature (no compose): one container of the test image per sample."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    @classmethod
+    async def sample_init(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
+    ) -> dict[str, SandboxEnvironment]:
+        image, root = str(config).split("|")
+        name = f"trialtool-inner-{uuid.uuid4().hex[:12]}"
+        labels = ["--label", "trialtool.trial=inner", "--label", f"trialtool.state={root}/inner"]
+        done = await run_async(["docker", "run", "-d", "-i", "--init", "--name", name, *labels, image, "sh"])
+        assert done.success, done.stderr
+        return {"default": cls(name)}
+
+    @classmethod
+    async def sample_cleanup(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        environments: dict[str, SandboxEnvironment],
+        interrupted: bool,
+    ) -> None:
+        for environment in environments.values():
+            await run_async(["docker", "rm", "--force", environment.as_type(ContainerSandbox).name])
+
+    async def exec(
+        self,
+        cmd: list[str],
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: int | None = None,
+        timeout_retry: bool = True,
+        concurrency: bool = True,
+    ) -> ExecResult[str]:
+        options = ["-i"] if input is not None else []
+        options += ["-w", cwd] if cwd else []
+        return await run_async(["docker", "exec", *options, self.name, *cmd], input=input, timeout=timeout)
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        done = await self.exec(["sh", "-c", 'cat > "$1"', "sh", file], input=contents)
+        assert done.success, done.stderr
+
+    async def read_file(self, file: str, text: bool = True) -> Any:
+        return (await self.exec(["cat", file])).stdout
+
+
+@tool
+def shell() -> Tool:
+    async def execute(command: str) -> str:
+        """Run a shell command in the sample's container.
+
+        Args:
+            command: the command
+        """
+        done = await sandbox().exec(["sh", "-c", command])
+        return done.stdout + done.stderr
+
+    return execute
+
+
+def test_a_deadline_in_a_container_sandbox_leaves_nothing_there(tmp_path: Path, engine: Engine) -> None:
+    """busybox's `timeout` signals the command only; the sweep after the deadline takes what it started."""
+    plan = [
+        ("shell", {"command": "cat id.txt; (setsid sleep 300 &); sleep 200 & exec sleep 100"}),
+        ("shell", {"command": "ps -o pid,args"}),
+    ]
+    config = TrialSandboxConfig(
+        inner="trialtool-test-container",
+        inner_config=f"{engine.tag}|{tmp_path}",
+        inner_sweep=True,
+        limits={"call_timeout": 1.5, "kill_grace": 0.3, "sandbox": "none"},
+    )
+    task = Task(
+        dataset=[Sample(id="s1", input="go", files={"id.txt": "sample 1"})],
+        solver=[use_tools(shell()), generate()],
+        sandbox=("trialtool", config),
+    )
+    model = get_model("mockllm/model", custom_outputs=scripted_by(plan))
+    [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none")
+    assert log.status == "success", log.error
+    (sample,) = log.samples
+    records = strict_records(Path(sample.metadata["trialtool"]["log"]))
+    assert [r["status"] for r in records] == ["timeout", "ok"]
+    assert records[0]["elsewhere"]["sandbox"] == "trialtool-test-container"
+    tool_texts = [message.text for message in sample.messages if message.role == "tool"]
+    assert "sample 1" in tool_texts[0]
+    listed = tool_texts[1]
+    assert "sleep" not in listed, listed  # nothing of the stopped call is left in the container
+    assert "docker-init" in listed

@@ -32,6 +32,18 @@ def remove_container(trial: Trial) -> bool:
     return sandbox.docker.remove(pinned.binary.path, sandbox.docker.name_of(state.trial_id))
 
 
+def sweep_command() -> list[str]:
+    """A command that kills every process in a container but the container's own (its init's session).
+
+    For a harness whose own sandbox runs a trial's commands in a container (`Trial.acall_elsewhere`):
+    run it there after a call stopped at its deadline, with the trial's calls one at a time, and nothing
+    the call started is left. It needs /bin/sh and /proc, nothing else. Never run it on a host.
+    """
+    from ..process import sandbox
+
+    return sandbox.docker.sweep_argv("KILL")
+
+
 def close(args: Arguments) -> int:
     from .fromflags import trial_of
 
@@ -71,4 +83,4 @@ def _over(trial_id: str, state_path: str, log_path: str) -> str | None:
     return "its trial's budget is spent" if spent else None
 
 
-__all__ = ["close", "gc", "remove_container"]
+__all__ = ["close", "gc", "remove_container", "sweep_command"]

@@ -59,6 +59,7 @@ from .inspecttrials import (
     root_of,
     safe,
     settings_of,
+    sweeps,
 )
 
 #: The key of the sample's metadata that holds the trial's account.
@@ -253,6 +254,7 @@ class TrialSandboxEnvironment(SandboxEnvironment):
                 grading=scoring(),
                 merge_output=self.settings.merge_output and not tool,
                 grace=float(self.account["limits"]["kill_grace"]),
+                sweep=sweeps(self.settings),
             )
         except TrialToolError as exc:
             if isinstance(exc, BudgetExhausted):

@@ -7,7 +7,11 @@ inner sandbox's `exec` within the call's deadline, then clipped and committed
 here (`Trial.acall_elsewhere`). The deadline stops the command's process
 group inside: the command is run under `timeout -k GRACE SECONDS` (coreutils'
 or busybox's, from the inner sandbox's image), which signals the group, and
-the inner exec is given a timeout past it as a backstop. `read_file` and
+the inner exec is given a timeout past it as a backstop. Where the inner
+sandbox runs each sample in a container of its own (docker, k8s), a call
+stopped at its deadline is followed by a sweep of that container
+(`sweep_command`): what escaped the group (`setsid`) is killed too, the
+sample's calls then running one at a time. `read_file` and
 `write_file` pass through uncharged, as inspect's own plumbing does.
 Loaded by inspectai.py only, with inspect installed.
 """
@@ -22,7 +26,7 @@ from inspect_ai.util import ExecResult, OutputLimitExceededError, SandboxEnviron
 from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 from inspect_ai.util._sandbox.registry import registry_find_sandboxenv
 
-from .. import CallRequest, Ran, Trial
+from .. import CallRequest, Ran, Trial, sweep_command
 
 #: How long past the deadline and its grace the inner exec's own timeout waits for `timeout` to act.
 _BACKSTOP = 10.0
@@ -54,6 +58,7 @@ async def run_inside(
     grading: bool,
     merge_output: bool,
     grace: float,
+    sweep: bool,
 ) -> Any:
     """One exec as a call of `trial`, run by `inner`: the call's result (a `CallResult`).
 
@@ -78,14 +83,27 @@ async def run_inside(
             kept = (exc.truncated_output or "").encode()
             return Ran(1, kept, b"", "output_limit", where)
         except TimeoutError:
+            await _swept(inner, sweep)
             return Ran(124, b"", b"", "deadline", where)
         elapsed = time.monotonic() - started
-        stopped = done.returncode in (124, 137) and elapsed >= seconds
-        return Ran(
-            done.returncode, done.stdout.encode(), done.stderr.encode(), "deadline" if stopped else "exited", where
-        )
+        # Past the deadline and failed: `timeout` stopped it (coreutils' says 124 or 137; busybox's, the signal's).
+        stopped = elapsed >= seconds and done.returncode != 0
+        if stopped:
+            await _swept(inner, sweep)
+        ended = "deadline" if stopped else "exited"
+        return Ran(done.returncode, done.stdout.encode(), done.stderr.encode(), ended, where)
 
-    return await trial.acall_elsewhere(request, run)
+    return await trial.acall_elsewhere(request, run, one_at_a_time=sweep)
+
+
+async def _swept(inner: SandboxEnvironment, sweep: bool) -> None:
+    """What a stopped call left in the sample's container, killed (the sample's calls run one at a time)."""
+    if not sweep:
+        return
+    try:
+        await inner.exec(sweep_command(), timeout=30)
+    except Exception:
+        pass
 
 
 __all__ = ["deadline_wrapped", "inner_type", "run_inside"]

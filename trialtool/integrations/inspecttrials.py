@@ -41,6 +41,9 @@ class TrialSandboxConfig(BaseModel):
     #: its own config: trialtool then budgets, clips and records each exec on this side (inspectinner.py).
     inner: str | None = None
     inner_config: Any = None
+    #: After a call stopped at its deadline, kill what is left in the inner sandbox's container
+    #: (`sweep_command`), the sample's calls then running one at a time. None: for docker and k8s.
+    inner_sweep: bool | None = None
 
 
 def settings_of(config: SandboxEnvironmentConfigType | None) -> TrialSandboxConfig:
@@ -134,7 +137,19 @@ def is_current_user(user: str) -> bool:
     return uid == os.geteuid()
 
 
+#: The inner sandboxes that run each sample in a container of its own: swept after a deadline.
+CONTAINERS = ("docker", "k8s")
+
+
+def sweeps(settings: TrialSandboxConfig) -> bool:
+    """Whether the sample's container is swept after a call stopped at its deadline."""
+    if settings.inner_sweep is not None:
+        return settings.inner_sweep
+    return settings.inner in CONTAINERS
+
+
 __all__ = [
+    "CONTAINERS",
     "TrialSandboxConfig",
     "create_trial",
     "fresh",
@@ -143,4 +158,5 @@ __all__ = [
     "root_of",
     "safe",
     "settings_of",
+    "sweeps",
 ]

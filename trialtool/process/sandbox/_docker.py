@@ -244,20 +244,14 @@ class Container:
             raise SandboxError(f"the trial's old container cannot be removed: {said(done.stderr)}")
 
 
+def sweep_argv(signal_name: str = "KILL", spare_calls: bool = False) -> list[str]:
+    """The command that, run in a container, signals every process there but the container's own."""
+    return ["/bin/sh", "-c", SCRIPT, "sh", "stop", signal_name, "spare" if spare_calls else "all"]
+
+
 def stop_argv(client: str, name: str, signal_name: str, spare_calls: bool) -> list[str]:
     """The client's command line that signals the call's processes in the container `name`."""
-    return [
-        client,
-        "exec",
-        name,
-        "/bin/sh",
-        "-c",
-        SCRIPT,
-        "trialtool",
-        "stop",
-        signal_name,
-        "spare" if spare_calls else "all",
-    ]
+    return [client, "exec", name, *sweep_argv(signal_name, spare_calls)]
 
 
 def signal_inside(client: str, name: str, signal_name: str, env: Mapping[str, str] | None) -> int:
@@ -341,4 +335,5 @@ __all__ = [
     "remove",
     "signal_inside",
     "sweep",
+    "sweep_argv",
 ]
