@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import budget, delivery
 from .budget import Budget
@@ -23,8 +23,11 @@ from .call import CallRequest, CallResult, Command, Interrupt, Runner, current_d
 from .errors import Interrupted, StateError, TrialToolError
 from .ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation, Settings, TrialState, liveness
 from .preflight import Preflight
-from .process import ForkServer, Launcher, Outcome, environment
+from .process import Launcher, Outcome, environment
 from .process import sandbox as seam
+
+if TYPE_CHECKING:
+    from .process import ForkServer
 
 
 def stop_leftovers(supervisor: int, token: str | None) -> int:
@@ -166,9 +169,8 @@ class Trial:
     async def acall_elsewhere(self, request: CallRequest, run: Runner, *, one_at_a_time: bool = False) -> CallResult:
         """A call the harness runs in a sandbox of its own (inspect's docker or k8s, say), budgeted here.
 
-        Reserved and charged as any call (`one_at_a_time`: after the trial's calls in flight);
-        `run(seconds, max_bytes)` runs the command, stopping it at the deadline; what it gives back
-        (`Ran`) is clipped, recorded (with its `where`) and committed.
+        Reserved and charged as any call (`one_at_a_time`: after the trial's calls in flight); `run(seconds,
+        max_bytes)` runs it, stopped at the deadline; what it gives back (`Ran`) is clipped, recorded, committed.
         """
         import asyncio
         import functools
@@ -237,6 +239,8 @@ class Trial:
             return self._shared_forkserver
         with self._guard:
             if self._forkserver is None:
+                from .process import ForkServer  # a socket module's import: only when a fork server is wanted
+
                 self._forkserver = ForkServer()
                 # A Trial dropped without close() still stops its server (at the
                 # latest when the interpreter exits).

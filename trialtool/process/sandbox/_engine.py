@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -65,6 +64,8 @@ def container(client: str, name: str, environ: Mapping[str, str] = os.environ) -
 
 def _by_socket(path: str, name: str) -> Seen | None:
     """One HTTP/1.0 request (the engine closes the connection after its answer): no client library to load."""
+    import socket  # not at import: a call of another backend never loads it (the CLI counts its imports)
+
     if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise ValueError(f"not a container name: {name!r}")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
