@@ -133,8 +133,8 @@ def available(
         return None, None, reason
     try:
         done = _client(binary, "image", "inspect", "--format", "{{.Id}}", image)
-    except OSError as exc:
-        return None, None, f"{binary.path} cannot be run: {exc.strerror or exc}"
+    except SandboxError as exc:
+        return None, None, exc.message
     if done.returncode != 0:
         reason = said(done.stderr)
         if "no such" in reason.lower():
@@ -145,9 +145,13 @@ def available(
 
 
 def _client(binary: Binary, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[bytes]:
+    """The pinned client run on `args`; SandboxError when it cannot be run or does not answer in time."""
     import subprocess
 
-    return subprocess.run([binary.path, *args], capture_output=True, timeout=timeout, check=False)
+    try:
+        return subprocess.run([binary.path, *args], capture_output=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxError(f"the container client {binary.path} did not answer: {exc}") from exc
 
 
 class Container:
@@ -185,7 +189,7 @@ class Container:
             made = "the trial's first call" if calls == 0 else "the trial's container was gone"
         else:
             made = "the trial's container had stopped" if ours else "the container by its name was not the trial's"
-            self._remove(name)
+            remove(self.binary.path, name)  # stopped, or not the trial's: a new one in its place
         done = _client(self.binary, "run", *self.options(trial_id, limits), self.image_id)
         if done.returncode != 0:
             msg = f"the trial's container cannot be started from image {self.sandbox.image}: {said(done.stderr)}"
@@ -237,11 +241,6 @@ class Container:
         for name, value in (env or {}).items():
             argv += ["--env", f"{name}={value}"]
         return [*argv, started.name, "/bin/sh", "-c", SCRIPT, "sh", "run", cwd, " ".join(unset), *command]
-
-    def _remove(self, name: str) -> None:
-        done = _client(self.binary, "rm", "--force", name)
-        if done.returncode != 0 and "no such" not in done.stderr.decode(errors="replace").lower():
-            raise SandboxError(f"the trial's old container cannot be removed: {said(done.stderr)}")
 
 
 def sweep_argv(signal_name: str = "KILL", spare_calls: bool = False) -> list[str]:

@@ -16,6 +16,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from ...errors import SandboxError
+
 #: Where docker's engine listens unless DOCKER_HOST says otherwise.
 DEFAULT_SOCKET = "/var/run/docker.sock"
 #: Labels on every container of trial-tool's: its trial, and the state file that owns it.
@@ -111,12 +113,15 @@ def _seen(data: Any) -> Seen:
 
 
 def remove(client: str, name: str) -> bool:
-    """Stop and remove the container `name`; whether there was one."""
+    """Stop and remove the container `name`; whether there was one. SandboxError if the engine cannot."""
     import subprocess
 
-    done = subprocess.run([client, "rm", "--force", name], capture_output=True, timeout=120, check=False)
+    try:
+        done = subprocess.run([client, "rm", "--force", name], capture_output=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxError(f"the container client did not answer: {exc}") from exc
     if done.returncode != 0 and "no such" not in done.stderr.decode(errors="replace").lower():
-        raise OSError(f"the container {name} cannot be removed: {said(done.stderr)}")
+        raise SandboxError(f"the container {name} cannot be removed: {said(done.stderr)}")
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
@@ -127,14 +132,17 @@ def listed(client: str) -> list[tuple[str, str, str, str]]:
     template = (
         f'{{{{.Names}}}}\t{{{{.Label "{TRIAL_LABEL}"}}}}\t{{{{.Label "{STATE_LABEL}"}}}}\t{{{{.Label "{LOG_LABEL}"}}}}'
     )
-    done = subprocess.run(
-        [client, "ps", "--all", "--filter", f"label={TRIAL_LABEL}", "--format", template],
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [client, "ps", "--all", "--filter", f"label={TRIAL_LABEL}", "--format", template],
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxError(f"the container client did not answer: {exc}") from exc
     if done.returncode != 0:
-        raise OSError(f"the container engine cannot list containers: {said(done.stderr)}")
+        raise SandboxError(f"the container engine cannot list containers: {said(done.stderr)}")
     rows = [line.split("\t") for line in done.stdout.decode(errors="replace").splitlines() if line.strip()]
     return [(row[0], row[1], row[2], row[3]) for row in rows if len(row) == 4]
 
