@@ -69,7 +69,9 @@ def _room(name: str) -> str:
 def test_there_are_five_rooms_and_a_small_top() -> None:
     rooms = {_room(name) for name in MODULES}
     assert rooms == {"top", "ledger", "process", "doors", "view", "integrations"}
-    assert sum(_room(name) == "top" for name in MODULES) <= 16
+    # The top holds what two rooms share: egress.py's rules are read by sandbox.py when a
+    # trial is pinned and by the proxy in process/ when a call connects.
+    assert sum(_room(name) == "top" for name in MODULES) <= 17
 
 
 def test_no_module_is_over_350_lines() -> None:

@@ -1,9 +1,9 @@
 """The trial's sandbox settings: what its commands may see, write and reach, pinned when the trial is created.
 
-The settings travel with the limits: `sandbox` (none, bwrap, docker, auto),
-`network` (none, host), `workspace` (the directory the command may write),
-`writable` (more paths), `home`, and `image` (docker's). `pin` resolves them
-once, at creation, into what the state keeps:
+The settings travel with the limits: `sandbox` (none, bwrap, docker, auto), `network`
+(none, host, allow: through trial-tool's proxy to what `allow` lists, egress.py), `workspace`
+(the directory the command may write), `writable` (more paths), `home`, and `image`
+(docker's). `pin` resolves them once, at creation, into what the state keeps:
 
 - "auto" becomes bwrap where a tiny sandboxed command runs on this machine, and
   none where it does not, with bwrap's own words for why (`fallback`);
@@ -14,9 +14,8 @@ once, at creation, into what the state keeps:
   identity (`pins`: device and inode), so that a path a command renamed or
   replaced by a symlink is refused rather than followed.
 
-`check_pinned` refuses a later use that asks for something else. What can run
-here, and how a call is wrapped, are the sandbox seam's (process/sandbox/):
-`pin` is handed its answers.
+`check_pinned` refuses a later use that asks for something else. What can run here,
+and how a call is wrapped, are the seam's (process/sandbox/): `pin` is handed its answers.
 """
 
 from __future__ import annotations
@@ -25,12 +24,13 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from . import egress
+from .egress import NETWORKS
 from .errors import LimitMismatch, SandboxError, UsageError
 from .limits import SANDBOX_SETTINGS
 from .osio import plain
 
 MODES = ("none", "bwrap", "docker")
-NETWORKS = ("none", "host")
 HOMES = ("host", "trial")
 #: The override names that are sandbox settings rather than limits.
 SETTINGS = (*SANDBOX_SETTINGS, "origin", "search_path", "home_path")
@@ -78,12 +78,16 @@ class Sandbox(NamedTuple):
     #: Mode docker: the image as named, and its id (what every container of the trial is made from).
     image: str | None = None
     image_id: str | None = None
+    #: Network "allow": the allowlist, canonical (egress.canonical).
+    allow: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         images = ("image", "image_id") if self.mode != "docker" else ()  # a container's only
+        unused = (*images, *(("allow",) if self.network != "allow" else ()))
         return {
-            **{name: value for name, value in self._asdict().items() if name not in images},
+            **{name: value for name, value in self._asdict().items() if name not in unused},
             "writable": list(self.writable),
+            **({"allow": list(self.allow)} if self.network == "allow" else {}),
             "binary": None if self.binary is None else self.binary._asdict(),
             "pins": [pin._asdict() for pin in self.pins],
         }
@@ -121,10 +125,7 @@ def checked(settings: Mapping[str, Any]) -> dict[str, Any]:
         raise UsageError(f"--image must name an image, not {plain(image)}")
     if image is not None and mode not in (None, "docker"):
         raise UsageError("--image goes with --sandbox docker")
-    network = settings.get("network")
-    if network is not None and network not in NETWORKS:
-        msg = f"--network must be one of {', '.join(NETWORKS)}, not {plain(network)}"
-        raise UsageError(msg)
+    checked.update(egress.checked(settings))
     home = settings.get("home")
     if home is not None and home not in HOMES:
         msg = f"--home must be one of {', '.join(HOMES)}, not {plain(home)}"
@@ -194,22 +195,21 @@ def pin(settings: dict[str, Any], available: Available | None, containers: Conta
         binary, reason = (None, "no sandbox backend was given") if available is None else available(roots, search)
         if binary is not None:
             mode = "bwrap"
-        elif mode == "bwrap" or settings.get("network") == "none":
-            asked = "--sandbox bwrap" if mode == "bwrap" else "--network none"
+        elif mode == "bwrap" or settings.get("network") in ("none", "allow"):
+            asked = "--sandbox bwrap" if mode == "bwrap" else f"--network {settings['network']}"
             raise SandboxError(f"{asked} needs the bwrap sandbox: {reason}")
         else:
             mode, fallback = "none", reason
     if mode == "none":
-        if settings.get("network") == "none":
-            raise UsageError("--network none needs a sandbox; it cannot hold with --sandbox none")
+        if settings.get("network") in ("none", "allow"):
+            raise UsageError(f"--network {settings['network']} needs a sandbox; it cannot hold with --sandbox none")
         if settings.get("home") == "trial" and settings.get("sandbox") == "none":
             raise UsageError("--home trial needs a sandbox; it cannot hold with --sandbox none")
         return Sandbox("none", "host", workspace, writable, fallback=fallback)
     pins = tuple(identity(path) for path in (workspace, *writable))
     home, home_path = _home(settings, workspace, writable)
-    return Sandbox(
-        "bwrap", settings.get("network") or "none", workspace, writable, binary, pins, home=home, home_path=home_path
-    )
+    network, allow = settings.get("network") or "none", settings.get("allow") or ()
+    return Sandbox("bwrap", network, workspace, writable, binary, pins, home=home, home_path=home_path, allow=allow)
 
 
 def _container(
@@ -231,6 +231,8 @@ def _container(
         raise SandboxError(f"--sandbox docker: {reason}")
     pins = tuple(identity(path) for path in (workspace, *writable))
     network = settings.get("network") or "none"
+    if network == "allow":
+        raise UsageError("--network allow runs under --sandbox bwrap; a container has none or host (docs/sandbox.md)")
     return Sandbox("docker", network, workspace, writable, binary, pins, image=image, image_id=image_id)
 
 
@@ -269,15 +271,10 @@ def check_pinned(pinned: Sandbox, settings: dict[str, Any]) -> None:
     mode = settings.get("sandbox")
     if mode is not None and mode != "auto" and mode != pinned.mode:
         _mismatch("sandbox", mode, pinned.mode)
-    network = settings.get("network")
-    if network is not None and network != pinned.network:
-        _mismatch("network", network, pinned.network)
-    home = settings.get("home")
-    if home is not None and home != pinned.home:
-        _mismatch("home", home, pinned.home)
-    image = settings.get("image")
-    if image is not None and image != pinned.image:
-        _mismatch("image", image, pinned.image)
+    for name in ("network", "allow", "home", "image"):
+        value = settings.get(name)
+        if value is not None and value != getattr(pinned, name):
+            _mismatch(name, value, getattr(pinned, name))
     if settings.get("workspace") is not None or settings.get("writable"):
         workspace, writable = _paths(settings)
         if settings.get("workspace") is not None and workspace != pinned.workspace:
@@ -287,6 +284,7 @@ def check_pinned(pinned: Sandbox, settings: dict[str, Any]) -> None:
 
 
 def _mismatch(name: str, wanted: Any, pinned: Any) -> None:
+    wanted, pinned = (" ".join(v) if isinstance(v, tuple) else v for v in (wanted, pinned))
     msg = f"{FLAG_OF[name]} {plain(wanted)} differs from the value {plain(pinned)} pinned when this trial was created"
     raise LimitMismatch(msg)
 
@@ -314,6 +312,7 @@ def from_state(data: Any) -> Sandbox:
         or not isinstance(data.get("home_path"), str | None)
         or (data.get("home") == "trial" and not isinstance(data.get("home_path"), str))
         or not all(isinstance(value, str) for value in images)
+        or not egress.stored(data.get("allow", []))
     ):
         raise ValueError("the sandbox is malformed")
     try:
@@ -324,6 +323,7 @@ def from_state(data: Any) -> Sandbox:
     if (binary is not None and not _typed(binary, str, int)) or not all(_typed(pin, str, int) for pin in pins):
         raise ValueError("the sandbox is malformed")
     later = {name: data[name] for name in ("fallback", "home", "home_path", "image", "image_id") if name in data}
+    later["allow"] = tuple(data.get("allow") or ())
     return Sandbox(data["mode"], data["network"], workspace, tuple(writable), binary, pins, **later)
 
 

@@ -159,9 +159,9 @@ def _install_shim(args: Arguments) -> int:
             for path in value:
                 flags += [flag, os.path.abspath(path)]
             continue
-        if name == "labels":
-            for label in value:
-                flags += ["--label", label]
+        if name in ("labels", "allow"):
+            for item in value:
+                flags += ["--label" if name == "labels" else flag, item]
             continue
         if name == "workspace":
             value = os.path.abspath(value)

@@ -62,6 +62,7 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
     ("--jobs", "jobs", "whole", _MANY, None, "worker processes (default: one per CPU)"),
     ("--scores", "scores", "text", _MANY, None, "the benchmark's scores: CSV or JSONL of score by trial_id or labels"),
     ("--trials", "trials", "text", ("export",), None, "also write the trials table (verdict, labels, ...) to FILE"),
+    ("--connections", "connections", "text", ("export",), None, "also write the connections table to FILE"),
     ("--details", "details", "whole", ("report",), None, "html: trials whose calls the page embeds"),
     ("--text", "text", "switch", ("export",), None, "add the text each call delivered"),
     ("--max-calls", "max_calls", "number", _CALLING, _LIMIT, "calls the trial may make"),
@@ -94,7 +95,15 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
         "run commands in a sandbox: none, bwrap, docker (with --image), or auto (default: bwrap where it runs)",
     ),
     ("--image", "image", "text", _CALLING, _LIMIT, "the container image of --sandbox docker (pinned by its id)"),
-    ("--network", "network", "text", _CALLING, _LIMIT, "the sandbox's network: none (default) or host"),
+    (
+        "--network",
+        "network",
+        "text",
+        _CALLING,
+        _LIMIT,
+        "the sandbox's network: none (default), host, or allow (only to what --allow lists)",
+    ),
+    ("--allow", "allow", "list", _CALLING, _LIMIT, "HOST[:PORT] sandboxed commands may reach (repeatable)"),
     ("--workspace", "workspace", "text", _CALLING, _LIMIT, "the directory sandboxed commands may write (default .)"),
     ("--writable", "writable", "list", _CALLING, _LIMIT, "another path sandboxed commands may write (repeatable)"),
     (
@@ -300,7 +309,7 @@ def split(argv: list[str]) -> tuple[str, list[str], list[str]]:
 def overrides(args: Arguments) -> dict[str, Any]:
     """The limits given on the command line (absent ones are not overrides)."""
     given = {name: getattr(args, name) for name in _LIMIT_DESTS if getattr(args, name, None) is not None}
-    for name in ("writable", "labels"):
+    for name in ("writable", "allow", "labels"):
         if not given.get(name, True):
             del given[name]  # a repeatable flag not used: absent, not an empty list pinned
     return given
