@@ -148,6 +148,8 @@ def deliver(
         containment=outcome.containment,
         **(call_fields or {}),
     )
+    if outcome.network is not None:
+        record["network"] = outcome.network
     if withheld:
         record["withheld"] = True
     if reply != "text":

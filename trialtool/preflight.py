@@ -97,7 +97,7 @@ class Checks:
         """The supervisor's orders for the checked call: its command as its backend runs it."""
         request = self.request
         argv = list(request.argv)
-        run_argv, binds, container, backend = argv, [], None, "none"
+        run_argv, binds, container, backend, egress = argv, [], None, "none", None
         cwd = request.cwd or os.getcwd()
         if self.contained is not None:
             # The command runs in the trial's container; the client runs here, with this process's environment.
@@ -108,6 +108,10 @@ class Checks:
             plan, tmp, hide = self.sandboxed
             run_argv, pinned = plan.wrap(argv, cwd, tmp, hide, limits.max_open_files)
             binds, backend = [(index, *pin) for index, pin in pinned], plan.sandbox.mode
+            if plan.sandbox.network == "allow":
+                from .process import netns
+
+                env, egress = {**env, **netns.environment()}, plan.sandbox.allow
         return Spec(
             run_argv,
             request.cwd,
@@ -122,6 +126,7 @@ class Checks:
             merge=request.merge_output,
             binds=tuple(binds),
             container=container,
+            egress=egress,
         )
 
     def container_record(self) -> dict[str, Any] | None:

@@ -263,7 +263,7 @@ class Ledger:
     ) -> Reservation:
         # Room in the log for every call in flight's record, this one's included, taken now:
         # a command that fills the disk cannot then keep its own call from being recorded.
-        bound = records.size_bound(state.limits.max_capture_bytes, command)
+        bound = records.size_bound(state.limits.max_capture_bytes, command, state.sandbox.network == "allow")
         durable.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
         reservation = reservation_of.charge(state, command, allowance, self.owner, supervisor, timeout)
         try:
@@ -291,7 +291,7 @@ class Ledger:
         self.directories()
         with self._lock():
             state = self._ready(settings, preflight)
-            bound = records.size_bound(state.limits.max_capture_bytes, command)
+            bound = records.size_bound(state.limits.max_capture_bytes, command, state.sandbox.network == "allow")
             durable.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
             return reservation_of.grading(state, timeout)
 
@@ -330,6 +330,9 @@ class Ledger:
             state.elapsed_seconds = state.elapsed()
             record["wall_elapsed_seconds"] = state.elapsed_seconds
             state.emitted_tokens += delivered
+            allowed, denied = records.network_counts(record)
+            state.connections_allowed += allowed
+            state.connections_denied += denied
             self.store.append(state, record)
             if not state.in_flight:
                 durable.release_tail(self.log_path)  # no call in flight needs the room reserved for its record

@@ -49,6 +49,7 @@ def roll_forward(state: TrialState, line: bytes, chain: audit.Chain, log_path: s
         state.in_flight.pop(sequence, None)
     if after is not None:
         state.emitted_tokens, state.refused_calls = after.emitted_tokens, after.refused_calls
+        state.connections_allowed, state.connections_denied = after.connections_allowed, after.connections_denied
     if after is None or state.totals() != after or record.get("ledger_after") != after.as_json():
         msg = f"log {log_path}: the record beyond the state does not follow from it; run `trial-tool verify`"
         raise StateError(msg)

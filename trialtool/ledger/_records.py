@@ -20,6 +20,7 @@ import base64
 import hashlib
 from typing import Any, NamedTuple
 
+from .. import egress
 from ..budget import BUDGETS
 from ..osio import os_bytes, shown
 
@@ -46,9 +47,23 @@ class Totals(NamedTuple):
     charged_calls: int = 0
     emitted_tokens: int = 0
     refused_calls: int = 0
+    #: Connections the calls' proxies allowed and denied (network "allow").
+    connections_allowed: int = 0
+    connections_denied: int = 0
 
     def as_json(self) -> dict[str, int]:
-        return self._asdict()
+        document = self._asdict()
+        if not (self.connections_allowed or self.connections_denied):
+            del document["connections_allowed"], document["connections_denied"]  # as before there were any
+        return document
+
+
+def network_counts(record: dict[str, Any]) -> tuple[int, int]:
+    """(connections allowed, connections denied) that a call's record counts."""
+    network = record.get("network")
+    if not isinstance(network, dict):
+        return 0, 0
+    return whole(network.get("allowed_count")), whole(network.get("denied_count"))
 
 
 def whole(value: Any) -> int:
@@ -63,9 +78,12 @@ def apply(totals: Totals, record: dict[str, Any]) -> Totals | None:
     if record.get("status") in REFUSED:
         return totals._replace(refused_calls=totals.refused_calls + 1)
     if record.get("charged") is True:
+        allowed, denied = network_counts(record)
         return totals._replace(
             charged_calls=totals.charged_calls + 1,
             emitted_tokens=totals.emitted_tokens + whole(record.get("delivered_emitted_tokens")),
+            connections_allowed=totals.connections_allowed + allowed,
+            connections_denied=totals.connections_denied + denied,
         )
     return None
 
@@ -203,7 +221,7 @@ def failed(
     )
 
 
-def size_bound(max_capture_bytes: int, command: list[str]) -> int:
+def size_bound(max_capture_bytes: int, command: list[str], network: bool = False) -> int:
     """Bytes a call's record can take at most: both streams' capture in base64, the command twice, the rest.
 
     Reserved in the log before the command starts (_ledger.py), so that the record
@@ -212,7 +230,7 @@ def size_bound(max_capture_bytes: int, command: list[str]) -> int:
     streams = 2 * 4 * -(-max_capture_bytes // 3)
     # JSON escapes a byte in at most 6 characters; command_b64 adds 4/3 of it again.
     argv = sum(len(os_bytes(arg)) for arg in command)
-    return streams + 8 * argv + 16 * 1024
+    return streams + 8 * argv + 16 * 1024 + (egress.RECORD_BOUND if network else 0)
 
 
 def input_fields(stdin: bytes | None, merged: bool) -> dict[str, Any]:
@@ -285,6 +303,7 @@ __all__ = [
     "command_fields",
     "grading",
     "input_fields",
+    "network_counts",
     "refusal",
     "repair",
     "size_bound",

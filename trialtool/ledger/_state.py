@@ -53,6 +53,8 @@ class TrialState:
         "calls",
         "chain",
         "clock",
+        "connections_allowed",
+        "connections_denied",
         "elapsed_seconds",
         "emitted_tokens",
         "in_flight",
@@ -87,6 +89,8 @@ class TrialState:
         sandbox: Sandbox = UNSANDBOXED,
         labels: dict[str, str] | None = None,
         log_path: str | None = None,
+        connections_allowed: int = 0,
+        connections_denied: int = 0,
     ) -> None:
         self.trial_id = trial_id
         #: How the log is chained and the state sealed: "sha256", or "hmac-sha256" with a key.
@@ -114,6 +118,9 @@ class TrialState:
         #: The log's absolute path when the trial was created: where `report` looks first for it
         #: (it pairs a state with a log by trial id; the files may have moved since).
         self.log_path = log_path
+        #: Network "allow": connections the calls' proxies allowed and denied, over the trial.
+        self.connections_allowed = connections_allowed
+        self.connections_denied = connections_denied
 
     @classmethod
     def new(
@@ -144,7 +151,9 @@ class TrialState:
 
     def totals(self) -> Totals:
         """The ledger's totals as the last record must state them (`ledger_after`)."""
-        return Totals(self.calls - len(self.in_flight), self.emitted_tokens, self.refused_calls)
+        charged = self.calls - len(self.in_flight)
+        network = (self.connections_allowed, self.connections_denied)
+        return Totals(charged, self.emitted_tokens, self.refused_calls, *network)
 
     def allowances_held(self) -> int:
         """Tokens held back for the calls in flight."""
@@ -176,6 +185,9 @@ class TrialState:
             document["labels"] = self.labels
         if self.log_path is not None:
             document["log_path"] = self.log_path
+        if self.connections_allowed or self.connections_denied:
+            document["connections_allowed"] = self.connections_allowed
+            document["connections_denied"] = self.connections_denied
         return document
 
 
@@ -232,8 +244,8 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
     def bad(what: str) -> StateError:
         return StateError(f"state {path} is not a trialtool state: {what}; run `trial-tool verify`")
 
-    for key in ("calls", "emitted_tokens", "refused_calls"):
-        value = data.get(key)
+    for key in ("calls", "emitted_tokens", "refused_calls", "connections_allowed", "connections_denied"):
+        value = data.get(key, 0 if key.startswith("connections") else None)  # those two: absent while zero
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise bad(f"{key} is {plain(value)}, expected a non-negative integer")
     for key in ("started_at", "elapsed_seconds"):
@@ -293,6 +305,8 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
         sandbox=sandbox,
         labels=labels,
         log_path=log_path,
+        connections_allowed=data.get("connections_allowed", 0),
+        connections_denied=data.get("connections_denied", 0),
     )
 
 

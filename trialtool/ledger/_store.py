@@ -86,7 +86,7 @@ class Store:
             # A container's image too (by its id): the rules the trial's calls run under.
             sandbox={
                 name: sandbox[name]
-                for name in ("mode", "network", "workspace", "writable", "image", "image_id")
+                for name in ("mode", "network", "allow", "workspace", "writable", "image", "image_id")
                 if name in sandbox
             },
             labels=state.labels,

@@ -19,6 +19,7 @@ from .. import _lazy
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from . import _environment as environment
+    from . import _netns as netns
     from . import sandbox
     from ._cgroups import kill_leftovers
     from ._forkserver import ForkServer
@@ -35,6 +36,7 @@ _FACE = {
     "InterruptWatch": "_interrupts",
     "kill_leftovers": "_cgroups",
     "Launcher": "_launcher",
+    "netns": "_netns",
     "Outcome": "_outcome",
     "sandbox": "sandbox",
     "Spec": "_orders",
@@ -55,5 +57,6 @@ __all__ = [
     "Spec",
     "environment",
     "kill_leftovers",
+    "netns",
     "sandbox",
 ]

@@ -44,6 +44,8 @@ class Spec(NamedTuple):
     binds: tuple[tuple[int, str, int, int], ...] = ()
     #: Backend docker: the trial's container, where a stop signals the command's processes (sandbox/_docker.py).
     container: str | None = None
+    #: Network "allow": the trial's allowlist (egress.py), which the call's proxy enforces (_proxy.py).
+    egress: tuple[str, ...] | None = None
 
 
 def encode(spec: Spec) -> bytes:
@@ -71,6 +73,7 @@ def decode(fields: dict[str, Any], stdin: bytes | None) -> Spec:
     given["limits"] = Limits(**fields["limits"])
     given["caller_rlimits"] = tuple(tuple(row) for row in fields.get("caller_rlimits") or ())
     given["binds"] = tuple(tuple(row) for row in fields.get("binds") or ())
+    given["egress"] = None if fields.get("egress") is None else tuple(fields["egress"])
     given["stdin"] = stdin if fields.get("stdin_bytes") is not None else None
     return Spec(**given)
 

@@ -46,6 +46,8 @@ class Outcome(NamedTuple):
     process_cap_hit: bool = False
     #: Which mechanism enforced what (cgroup2, cgroup1, sweep, rlimit_as, subreaper).
     containment: dict[str, Any] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
+    #: Network "allow": the connections the call's proxy allowed and denied (_proxy.Proxy.finish).
+    network: dict[str, Any] | None = None
 
 
 def outcome(result: dict[str, Any], spools: tuple[int, int], cap: int) -> Outcome:
@@ -87,6 +89,7 @@ def outcome(result: dict[str, Any], spools: tuple[int, int], cap: int) -> Outcom
         oom_kills=int(result["oom_kills"]),
         process_cap_hit=bool(result["process_cap_hit"]),
         containment=containment,
+        network=result.get("network"),
     )
 
 

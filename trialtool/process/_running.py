@@ -58,6 +58,11 @@ def supervise(
     status_r = status_w = feed_w = -1
     feed_r: int | None = None
     take_callers(spec)
+    network = None  # network "allow": the command's own namespace, and the proxy that is its one way out
+    if spec.egress is not None:
+        from ._netns import CallNetwork  # its socket module is no other call's cost
+
+        network = CallNetwork(spec.egress, spec.started)
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         rlimits = for_exec(limits, group, backend)
@@ -86,7 +91,8 @@ def supervise(
                 cwd=None if backend.SETS_DIRECTORY else spec.cwd,  # bwrap changes to it inside (--chdir)
                 env=spec.env,
                 before_exec=None if plain else before_exec,
-                passed=[] if status_w < 0 else [status_w, *bind_fds],
+                # bwrap's status, the pinned paths it binds, and (network "allow") the descriptor it waits on.
+                passed=[] if status_w < 0 else [status_w, *bind_fds, *([network.block_r] if network else [])],
                 stdin=feed_r,
                 merge=spec.merge,
             )
@@ -103,33 +109,42 @@ def supervise(
                 os.close(feed_r)
             for fd in bind_fds:
                 os.close(fd)
+        try:
+            status = b"" if network is None else network.start(status_r, spec.deadline)
+        except OSError as exc:
+            reaper.kill_all()  # bwrap still waits on us: it must not go on without the proxy
+            return {"fatal": f"the sandbox's network could not be set up: {exc.strerror or exc}"}
         watch = _Watch(spec, child, spools, control_fd, signals, group, spec.started, extra_procs, feed_w)
         feed_w = -1  # the watch closes it
         report = watch.run(subreaper)
+        if network is not None:
+            report["network"] = network.finish()
         if status_r >= 0:
             # bwrap says why a command never ran on its stderr: the one stream, when merged.
-            report = _unwrapped(backend, report, status_r, spools[0] if spec.merge else spools[1])
+            report = _unwrapped(backend, report, status_r, spools[0] if spec.merge else spools[1], status)
         return {**base, **report}
     finally:
         if status_r >= 0:
             os.close(status_r)
         if feed_w >= 0:
             os.close(feed_w)
+        if network is not None:
+            network.close()
         group.remove()
 
 
-def _unwrapped(backend: Backend, report: dict[str, Any], status_r: int, stderr: Spool) -> dict[str, Any]:
+def _unwrapped(backend: Backend, report: dict[str, Any], status_r: int, stderr: Spool, status: bytes) -> dict[str, Any]:
     """A wrapped call's report in the command's terms: its own exit code, or why it never ran.
 
     bwrap states the command's exit code once the command has ended (a signal
     comes back as 128 + N, as a shell reports it). Without that statement and
     with bwrap's own exit status 1, the command never ran: bwrap said why on
-    stderr, which the command had not yet owned.
+    stderr, which the command had not yet owned. `status`: what was read of it already.
     """
-    status = bytearray()
+    read = bytearray(status)
     while chunk := os.read(status_r, 65536):
-        status += chunk
-    code = backend.exit_code(bytes(status))
+        read += chunk
+    code = backend.exit_code(bytes(read))
     if code is not None:
         return {**report, "returncode": code}
     if report["ended"] != "exited" or report["returncode"] != 1:

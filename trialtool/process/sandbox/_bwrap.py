@@ -153,6 +153,10 @@ def arguments(
     wrapped += ["--chdir", cwd, *ISOLATION]
     if sandbox.network == "host":
         wrapped.append("--share-net")
+    elif sandbox.network == "allow":
+        # The sandbox's own network, as for none; bwrap waits on the descriptor after the pinned paths'
+        # before it runs the command, while the supervisor opens the proxy's listener in it (process/_netns.py).
+        wrapped += ["--block-fd", str(FIRST_BIND_FD + len(binds))]
     prelude = "".join(f"exec {fd}<&-; " for fd in shut)
     if open_files:
         prelude += f"ulimit -n {open_files} && "

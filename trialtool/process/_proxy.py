@@ -1,0 +1,350 @@
+"""trial-tool's side of a call's network: the proxy that lets out only what the trial's allowlist allows.
+
+It runs in the supervisor, on threads of its own, for the one call: it accepts
+on the listener made in the call's network namespace (_netns.py), speaks HTTP
+(a plain request, or `CONNECT`) and SOCKS5 on the one port, told apart by the
+first byte, decides each connection by the pinned rules (egress.py), resolves
+an allowed name here, and connects to the very address it checked. Traffic is
+relayed, never read: a plain HTTP request's head is rewritten to the origin's
+form and `Connection: close`, one request a connection, so that each is
+checked. A denial is answered at once: HTTP 403 with a one-line reason, or the
+SOCKS refusal.
+
+Every attempt is counted, and the first `egress.LISTED` of each kind kept for the
+call's record: allowed ones with the address connected, bytes each way and
+duration; denied ones with the rule's code. A flood cannot grow the record.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from .. import egress
+
+#: Connections open at once; more are refused (`capacity`).
+MAX_OPEN = 256
+#: A request's head: its longest, and how long it may take to arrive.
+HEAD_LIMIT = 64 * 1024
+HEAD_SECONDS = 30.0
+#: Seconds to connect to one address of an allowed host.
+CONNECT_SECONDS = 10.0
+_CHUNK = 256 * 1024
+_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"te", b"upgrade"})
+
+
+class Refused(Exception):
+    """A request this proxy will not serve: what to answer, and the code the record gets."""
+
+    def __init__(self, code: str, status: int = 403) -> None:
+        super().__init__(code)
+        self.code, self.status = code, status
+
+
+class Proxy:
+    """One call's proxy: started on the listener, `finish`ed once the command's tree is gone."""
+
+    def __init__(self, listener: socket.socket, allow: Sequence[str], started: float) -> None:
+        self.rules = egress.Rules(allow)
+        self.listener, self.started = listener, started
+        self.lock = threading.Lock()
+        self.allowed: list[dict[str, Any]] = []
+        self.denied: list[dict[str, Any]] = []
+        self.allowed_count = self.denied_count = self.sent = self.received = 0
+        self.open: set[socket.socket] = set()
+        self.handlers: set[threading.Thread] = set()
+        self.wake_r, self.wake_w = os.pipe()
+        listener.setblocking(False)
+        self.thread = threading.Thread(target=self._accept, name="trialtool-proxy", daemon=True)
+        self.thread.start()
+
+    def finish(self, linger: float = 2.0) -> dict[str, Any]:
+        """Stop accepting, end every open connection, and say what the call's network did."""
+        os.write(self.wake_w, b"x")
+        self.thread.join(linger)
+        with self.lock:
+            for sock in self.open:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            handlers = list(self.handlers)
+        end = time.monotonic() + linger
+        for handler in handlers:
+            handler.join(max(0.0, end - time.monotonic()))
+        self.listener.close()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
+        with self.lock:
+            return {
+                "allowed": [dict(entry) for entry in self.allowed],
+                "denied": list(self.denied),
+                "allowed_count": self.allowed_count,
+                "denied_count": self.denied_count,
+                "bytes_sent": self.sent,
+                "bytes_received": self.received,
+            }
+
+    def _now(self) -> float:
+        return round(time.monotonic() - self.started, 6)
+
+    def _accept(self) -> None:
+        while True:
+            ready, _, _ = select.select([self.listener.fileno(), self.wake_r], [], [])
+            if self.wake_r in ready:
+                return
+            try:
+                client, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                continue
+            except OSError:
+                return  # out of descriptors, say: the listener stays, the backlog waits
+            with self.lock:
+                busy = len(self.handlers) >= MAX_OPEN
+            if busy:
+                self._deny("", 0, "capacity", "", None)
+                client.close()
+                continue
+            handler = threading.Thread(target=self._serve, args=(client,), daemon=True)
+            with self.lock:
+                self.handlers.add(handler)
+                self.open.add(client)
+            handler.start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            client.setblocking(True)
+            client.settimeout(HEAD_SECONDS)
+            first = client.recv(1, socket.MSG_PEEK)
+            if first == b"\x05":
+                self._socks(client)
+            elif first:
+                self._http(client)
+        except OSError:
+            pass
+        finally:
+            with self.lock:
+                self.open.discard(client)
+                self.handlers.discard(threading.current_thread())
+            client.close()
+
+    def _deny(self, host: str, port: int, code: str, via: str, address: str | None) -> None:
+        host = host[: egress.HOST_CHARS]
+        entry = {"host": host, "port": port, "rule": code, "address": address, "via": via, "at": self._now()}
+        with self.lock:
+            self.denied_count += 1
+            if len(self.denied) < egress.LISTED:
+                self.denied.append(entry)
+
+    def _connect(self, host: str, port: int, via: str) -> tuple[socket.socket, dict[str, Any]]:
+        """The connection to `host`:`port` if the rules allow it (Refused if not), and its record entry."""
+        try:
+            literal: egress.IPAddress | None = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            literal = None
+        if literal is not None:
+            code = self.rules.address_allowed(literal, port, named=False)
+            if code is not None:
+                self._deny(host, port, code, via, str(literal))
+                raise Refused(code)
+            candidates = [literal]
+        else:
+            code = self.rules.name_allowed(host, port)
+            if code is not None:
+                self._deny(host, port, code, via, None)  # never resolved: no lookup leaves for an unlisted name
+                raise Refused(code)
+            try:
+                found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except (socket.gaierror, UnicodeError):
+                found = []
+            resolved = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in found))
+            candidates = [a for a in resolved if self.rules.address_allowed(a, port, named=True) is None]
+            if resolved and not candidates:
+                code = self.rules.address_allowed(resolved[0], port, named=True) or "reserved"
+                self._deny(host, port, code, via, str(resolved[0]))
+                raise Refused(code)
+        entry: dict[str, Any] = {"host": host[: egress.HOST_CHARS], "port": port, "address": None, "via": via}
+        entry.update(sent=0, received=0, seconds=0.0, at=self._now())
+        with self.lock:
+            self.allowed_count += 1
+            if len(self.allowed) < egress.LISTED:
+                self.allowed.append(entry)
+        if not candidates:
+            entry["error"] = "the name does not resolve"
+            raise Refused("unresolved", 502)
+        error: OSError | None = None
+        for address in candidates:
+            upstream = socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
+            upstream.settimeout(CONNECT_SECONDS)
+            try:
+                upstream.connect((str(address), port))
+            except OSError as exc:
+                upstream.close()
+                error = exc
+                continue
+            entry["address"] = str(address)
+            with self.lock:
+                self.open.add(upstream)
+            return upstream, entry
+        entry["address"] = str(candidates[-1])
+        entry["error"] = "timed out" if isinstance(error, TimeoutError) else (getattr(error, "strerror", None) or "")
+        raise Refused("unreachable", 504 if isinstance(error, TimeoutError) else 502)
+
+    def _relay(self, client: socket.socket, upstream: socket.socket, entry: dict[str, Any], begun: float) -> None:
+        """Copy both ways until the far end is done; the bytes counted into `entry`."""
+        client.settimeout(None)
+        upstream.settimeout(None)
+        buffer = memoryview(bytearray(_CHUNK))
+        sent = received = 0
+        peers = {client: upstream, upstream: client}
+        reading = [client, upstream]
+        try:
+            while reading:
+                ready, _, _ = select.select(reading, [], [])
+                for sock in ready:
+                    count = sock.recv_into(buffer)
+                    if not count:
+                        if sock is upstream:
+                            return  # the far end is done: so is the connection
+                        reading.remove(client)
+                        upstream.shutdown(socket.SHUT_WR)
+                        continue
+                    peers[sock].sendall(buffer[:count])
+                    if sock is client:
+                        sent += count
+                    else:
+                        received += count
+        except OSError:
+            pass
+        finally:
+            with self.lock:
+                entry.update(sent=sent, received=received, seconds=round(time.monotonic() - begun, 6))
+                self.sent += sent
+                self.received += received
+                self.open.discard(upstream)
+            upstream.close()
+
+    def _http(self, client: socket.socket) -> None:
+        head = bytearray()
+        while b"\r\n\r\n" not in head:
+            chunk = client.recv(4096)
+            if not chunk or len(head) > HEAD_LIMIT:
+                if head.strip():
+                    self._deny("", 0, "protocol", "http", None)
+                    _answer(client, 400, "protocol", "", 0)
+                return
+            head += chunk
+        whole, _, rest = bytes(head).partition(b"\r\n\r\n")
+        line, *fields = whole.split(b"\r\n")
+        parts = line.split(b" ")
+        method = parts[0] if len(parts) == 3 else b""
+        begun = time.monotonic()
+        host, port = "", 0
+        try:
+            if method == b"CONNECT":
+                host, port = _authority(parts[1].decode("latin-1"), None)
+                upstream, entry = self._connect(host, port, "connect")
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:
+                target = urlsplit(parts[1].decode("latin-1")) if method else None
+                if target is None or target.scheme.lower() != "http" or not target.hostname:
+                    self._deny("", 0, "protocol", "http", None)
+                    raise Refused("protocol", 400)
+                host, port = _authority(target.netloc.rpartition("@")[2], 80)
+                upstream, entry = self._connect(host, port, "http")
+                path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+                kept = [field for field in fields if field.split(b":", 1)[0].strip().lower() not in _HOP]
+                request = b"\r\n".join([b" ".join([method, path.encode("latin-1"), parts[2]]), *kept])
+                upstream.sendall(request + b"\r\nConnection: close\r\n\r\n" + rest)
+                rest = b""
+        except Refused as refused:
+            _answer(client, refused.status, refused.code, host, port)
+            return
+        if rest:
+            upstream.sendall(rest)
+        self._relay(client, upstream, entry, begun)
+
+    def _socks(self, client: socket.socket) -> None:
+        _, count = _exactly(client, 2)
+        if 0 not in _exactly(client, count):
+            client.sendall(b"\x05\xff")
+            self._deny("", 0, "protocol", "socks5", None)
+            return
+        client.sendall(b"\x05\x00")
+        _, command, _, kind = _exactly(client, 4)
+        if kind == 1:
+            host = str(ipaddress.ip_address(_exactly(client, 4)))
+        elif kind == 4:
+            host = str(ipaddress.ip_address(_exactly(client, 16)))
+        elif kind == 3:
+            host = _exactly(client, _exactly(client, 1)[0]).decode("latin-1")
+        else:
+            client.sendall(b"\x05\x08\x00\x01" + bytes(6))
+            self._deny("", 0, "protocol", "socks5", None)
+            return
+        port = struct.unpack("!H", _exactly(client, 2))[0]
+        if command != 1:  # CONNECT only
+            client.sendall(b"\x05\x07\x00\x01" + bytes(6))
+            self._deny(host, port, "protocol", "socks5", None)
+            return
+        begun = time.monotonic()
+        try:
+            upstream, entry = self._connect(host, port, "socks5")
+        except Refused as refused:
+            reply = {"unresolved": 4, "unreachable": 5}.get(refused.code, 2)
+            client.sendall(bytes([5, reply, 0, 1]) + bytes(6))
+            return
+        client.sendall(b"\x05\x00\x00\x01" + bytes(6))
+        self._relay(client, upstream, entry, begun)
+
+
+def _exactly(sock: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            raise ConnectionResetError("the client hung up")
+        data += chunk
+    return data
+
+
+def _authority(text: str, default: int | None) -> tuple[str, int]:
+    """(host, port) of `host[:port]` or `[v6][:port]` (`default` when none; None: one is needed); else Refused."""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else rest
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    else:
+        host, port = text, ""
+    number = int(port) if port.isdigit() else (default or 0) if not port else 0
+    if not host or not 0 < number < 65536:
+        raise Refused("protocol", 400)
+    return host.lower(), number
+
+
+def _answer(client: socket.socket, status: int, code: str, host: str, port: int) -> None:
+    """The HTTP answer to a request not served: one line saying why."""
+    what = f"{host}:{port}" if host else "the request"
+    reason = egress.REASONS.get(code) or {
+        "unresolved": "does not resolve",
+        "unreachable": "cannot be reached",
+    }.get(code, "was refused")
+    text = f"trial-tool: {what} {reason}\n".encode("utf-8", "replace")
+    title = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway", 504: "Gateway Timeout"}.get(status, "Error")
+    head = f"HTTP/1.1 {status} {title}\r\nContent-Type: text/plain\r\nContent-Length: {len(text)}\r\n"
+    try:
+        client.sendall(head.encode() + f"X-Trialtool-Reason: {code}\r\nConnection: close\r\n\r\n".encode() + text)
+    except OSError:
+        pass
+
+
+__all__ = ["MAX_OPEN", "Proxy"]
