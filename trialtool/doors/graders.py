@@ -115,6 +115,10 @@ def show(args: Arguments, key: bytes | None) -> int:
             # Matching its own hashes says nothing of a record someone appended: the trial's verdict first.
             print(render.visible(f"!!! the trial is {said['verdict']}: {said.get('why', '')}"))
         print(json.dumps(entry["record"], indent=2, sort_keys=True))
+        if isinstance(entry["record"].get("network"), dict):
+            from ..view import connections
+
+            print("\n" + "\n".join(connections.lines(entry["record"]["network"])))
         print(f"\n--- what the agent read ({verdicts[delivered['matches']]}) ---")
         for name in ("stdout", "stderr"):
             text = str(delivered[name])
@@ -258,6 +262,11 @@ def export(args: Arguments, key: bytes | None) -> int:
             _write_table(exports, chosen, args.trials, exports.trial_rows(built), exports.TRIALS_SCHEMA)
         finally:
             built.close()
+    if args.connections is not None:
+        from ..view import connections
+
+        listed = exports.rows(found.pairs, workers=workers, of=connections.rows)
+        _write_table(exports, chosen, args.connections, listed, connections.SCHEMA)
     source = exports.rows(found.pairs, with_text=args.text, workers=workers)
     _write_table(exports, chosen, args.output, source, exports.schema(args.text))
     return 0

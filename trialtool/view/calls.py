@@ -74,6 +74,8 @@ SCHEMA = (
     ("processes_surviving", "int"),
     ("containment", "json"),
     ("sandbox", "text"),
+    ("connections_allowed", "int"),
+    ("connections_denied", "int"),
     ("stdin_bytes", "int"),
     ("stdin_sha256", "text"),
     ("merged_output", "bool"),
@@ -95,6 +97,8 @@ _AFTER = {
     "emitted_tokens_after": "emitted_tokens",
     "refused_calls_after": "refused_calls",
 }
+#: A call's connections (network "allow"), counted in its record's `network`.
+_NETWORK = {"connections_allowed": "allowed_count", "connections_denied": "denied_count"}
 
 
 def command_text(record: dict[str, Any]) -> str:
@@ -107,7 +111,9 @@ def command_text(record: dict[str, Any]) -> str:
 
 #: The columns read straight from the record's field of the same name (the rest are derived, in `row`).
 _PLAIN = tuple(
-    (column, kind) for column, kind in SCHEMA if column not in (*_AFTER, "command", "started_at_utc", "ended_at_utc")
+    (column, kind)
+    for column, kind in SCHEMA
+    if column not in (*_AFTER, *_NETWORK, "command", "started_at_utc", "ended_at_utc")
 )
 
 
@@ -135,6 +141,9 @@ def row(record: dict[str, Any]) -> dict[str, Any]:
     after = mapping(get("ledger_after"))
     for column, field in _AFTER.items():
         out[column] = typed("int", after.get(field))
+    network = mapping(get("network"))
+    for column, field in _NETWORK.items():
+        out[column] = typed("int", network.get(field))
     out["command"] = command_text(record)
     out["started_at_utc"] = typed("timestamp", get("started_at_utc") or get("at_utc"))
     out["ended_at_utc"] = typed("timestamp", get("ended_at_utc") or get("at_utc"))

@@ -7,6 +7,8 @@ or Trino) without a join; (trial_id, record) is its key. The trials table
 (`--trials FILE`) has a row for every trial found, calls or none: its verdict
 and why, its first bad record, what ended it, its fairness group, labels,
 score and paths, built by the report (report.py) so that both say the same.
+The connections table (`--connections FILE`, connections.py) has a row for
+every connection a call's record lists.
 Trials are read in worker processes and written in batches, never all held
 at once. Parquet needs pyarrow (`trialtool[parquet]`), which nothing else
 imports; there, timestamps are typed (TIMESTAMP, UTC).
@@ -17,7 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
 from ..errors import TrialToolError, UsageError
@@ -66,6 +68,8 @@ TRIALS_SCHEMA = (
     ),
     ("sandbox_mode", "text"),
     ("sandbox_network", "text"),
+    ("connections_allowed", "int"),
+    ("connections_denied", "int"),
     ("keyed", "bool"),
     ("head", "text"),
     ("log_head", "text"),
@@ -121,20 +125,26 @@ def _rows(job: tuple[str, str, bool]) -> list[dict[str, Any]]:
     return rows
 
 
-def rows(pairs: Iterable[tuple[str, str]], *, with_text: bool = False, workers: int = 1) -> Iterator[dict[str, Any]]:
-    """Every call of every trial, trial by trial."""
+def rows(
+    pairs: Iterable[tuple[str, str]],
+    *,
+    with_text: bool = False,
+    workers: int = 1,
+    of: Callable[[tuple[str, str, bool]], list[dict[str, Any]]] = _rows,
+) -> Iterator[dict[str, Any]]:
+    """Every call of every trial, trial by trial; `of` a trial's rows of another table (connections.rows)."""
     jobs = [(state, log, with_text) for state, log in pairs]
     if not jobs:
         raise UsageError("no trials found (a trial is a state .json and its log .jsonl)")
     if workers <= 1 or len(jobs) < 2 * _CHUNK:
         for job in jobs:
-            yield from _rows(job)
+            yield from of(job)
         return
     import multiprocessing
 
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else None)
     with context.Pool(workers) as pool:
-        for batch in pool.imap(_rows, jobs, chunksize=_CHUNK):
+        for batch in pool.imap(of, jobs, chunksize=_CHUNK):
             yield from batch
 
 
@@ -166,6 +176,8 @@ def trial_rows(report: Any) -> Iterator[dict[str, Any]]:
             "records": summary["records"],
             "sandbox_mode": summary["sandbox"]["mode"],
             "sandbox_network": summary["sandbox"]["network"],
+            "connections_allowed": (summary.get("connections") or {}).get("allowed"),
+            "connections_denied": (summary.get("connections") or {}).get("denied"),
             "keyed": summary["keyed"],
             "head": summary["head"],
             "log_head": summary.get("log_head"),

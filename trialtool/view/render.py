@@ -32,6 +32,8 @@ TRIAL_COLUMNS = (
     "statuses",
     "sandbox",
     "network",
+    "connections_allowed",
+    "connections_denied",
     "sandbox_fallback",
     "keyed",
     "score",
@@ -93,18 +95,32 @@ def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
             if summary.get("grading_commands")
             else []
         ),
-        f"sandbox   {summary['sandbox']['mode']} (network {summary['sandbox']['network']})"
+        f"sandbox   {summary['sandbox']['mode']} (network {network_text(summary['sandbox'])})"
         + (
             f", image {image} ({summary['sandbox'].get('image_id')})"
             if (image := summary["sandbox"].get("image"))
             else ""
         )
         + (f"; auto found no sandbox: {fallback}" if (fallback := summary.get("sandbox_fallback")) else ""),
+        *(
+            [f"network   {counted['allowed']} connections allowed, {counted['denied']} denied"]
+            if summary["sandbox"]["network"] == "allow" and (counted := summary.get("connections") or {})
+            else []
+        ),
         f"log       {summary['records']} records, {'HMAC-SHA256 (keyed)' if summary['keyed'] else 'SHA-256'} chain",
         f"head      {summary['head']}",
         f"integrity {intact}" + (f": {integrity['why']}" if verdict not in ("clean",) and "why" in integrity else ""),
     ]
     return "\n".join(visible(line) for line in lines)
+
+
+def network_text(sandbox: dict[str, Any], shown: int = 6) -> str:
+    """A trial's network setting, with the first rules of an allowlist (a list may hold a thousand)."""
+    rules = [str(rule) for rule in sandbox.get("allow") or ()]
+    if sandbox.get("network") != "allow":
+        return str(sandbox.get("network"))
+    more = f" and {len(rules) - shown} more" if len(rules) > shown else ""
+    return f"allow: {' '.join(rules[:shown]) or 'nothing'}{more}"
 
 
 def _statuses(statuses: dict[str, int]) -> str:
@@ -188,6 +204,8 @@ def trial_row(summary: dict[str, Any], base: str | None = None) -> dict[str, Any
         "statuses": _statuses(summary["statuses"]),
         "sandbox": summary["sandbox"]["mode"],
         "network": summary["sandbox"]["network"],
+        "connections_allowed": (summary.get("connections") or {}).get("allowed", 0),
+        "connections_denied": (summary.get("connections") or {}).get("denied", 0),
         "sandbox_fallback": summary.get("sandbox_fallback") or "",
         "keyed": summary["keyed"],
         "score": summary.get("score", ""),
@@ -221,7 +239,7 @@ def overview_lines(overview: dict[str, Any]) -> list[str]:
         f"rules: calls {limits.get('max_calls')}, tokens {limits.get('max_tokens')}, "
         f"call tokens {limits.get('max_call_tokens')}, trial {limits.get('trial_timeout')} s, "
         f"call {limits.get('call_timeout')} s, sandbox {majority['sandbox']['mode']} "
-        f"(network {majority['sandbox']['network']}), tokenizer {', '.join(majority['tokenizer'])}"
+        f"(network {network_text(majority['sandbox'])}), tokenizer {', '.join(majority['tokenizer'])}"
     )
     lines.append("integrity: " + ", ".join(f"{name} {count}" for name, count in overview["integrity"].items()))
     ignored = len(overview.get("ignored_inside_workspaces") or ())
@@ -237,6 +255,12 @@ def overview_lines(overview: dict[str, Any]) -> list[str]:
             f"({share['median']:.0%} / {share['p90']:.0%} / {share['max']:.0%} of the limit)"
         )
     lines.append("outcomes: " + _statuses(overview["statuses"]))
+    network = overview.get("connections") or {}
+    if network.get("trials"):
+        lines.append(
+            f"network: {network['trials']} trials on an allowlist; {network['allowed']} connections allowed, "
+            f"{network['denied']} denied (in {network['trials_with_denials']} trials)"
+        )
     if "scores" in overview:
         groups = overview["scores"]["by_ended_by"]
         shown = ", ".join(f"{name}: {group['mean']:g} over {group['trials']}" for name, group in groups.items())
@@ -246,7 +270,10 @@ def overview_lines(overview: dict[str, Any]) -> list[str]:
 
 def report_table(report: Any, out: IO[str], base: str | None) -> None:
     out.write("\n".join(overview_lines(report.overview)) + "\n\n")
-    header = ("rules", "calls", "tokens", "secs", "ended", "integrity", "score", "trial")
+    # The denials column where any trial had an allowlist: the other network modes make no attempt to count.
+    denials = bool((report.overview.get("connections") or {}).get("trials"))
+    header = ("rules", "calls", "tokens", "secs", *(("denied",) if denials else ()), "ended", "integrity", "score")
+    header += ("trial",)
     width = shutil.get_terminal_size((160, 24)).columns
     batch: list[tuple[str, ...]] = []
     for summary in report.trials():
@@ -258,6 +285,7 @@ def report_table(report: Any, out: IO[str], base: str | None) -> None:
                 f"{row['calls']}/{row['max_calls']}",
                 f"{row['tokens']}/{row['max_tokens']}",
                 f"{row['seconds']:g}",
+                *((str(row["connections_denied"]),) if denials else ()),
                 visible(row["ended_by"] or "-"),
                 visible(row["integrity"]),
                 "" if row["score"] == "" else f"{row['score']:g}",

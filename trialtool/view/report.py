@@ -195,6 +195,7 @@ def build(
     statuses: Counter[str] = Counter()
     ids: Counter[str] = Counter()
     scored: dict[str, list[float]] = {}
+    network: Counter[str] = Counter({"trials": 0, "allowed": 0, "denied": 0, "trials_with_denials": 0})
     keyed = 0
     progress = _progress(len(jobs))
     try:
@@ -220,6 +221,7 @@ def build(
             if summary.get("trial_id"):
                 ids[summary["trial_id"]] += 1
             keyed += bool(summary["keyed"])
+            _count_connections(network, summary)
             if "score" in summary:
                 scored.setdefault(summary["ended_by"] or "none", []).append(float(summary["score"]))
             progress(done)
@@ -241,6 +243,7 @@ def build(
         "duplicate_trial_ids": sorted(trial_id for trial_id, count in ids.items() if count > 1),
         "ended_by": dict(sorted(ended.items())),
         "statuses": dict(sorted(statuses.items())),
+        "connections": dict(network),
         "used": {name: _distribution(values) for name, values in used.items()},
         "share_of_limit": {name: _distribution(values) for name, values in share.items()},
         "histograms": {name: _histogram(values) for name, values in share.items()},
@@ -254,6 +257,15 @@ def build(
             },
         }
     return Report(spool, overview, flagged, keys, groups)
+
+
+def _count_connections(network: Counter[str], summary: dict[str, Any]) -> None:
+    """Add a trial's connections (network "allow") to the report's: allowed, denied, trials denied any."""
+    counted = summary.get("connections") or {}
+    network["trials"] += summary["sandbox"].get("network") == "allow"
+    network["allowed"] += counted.get("allowed", 0)
+    network["denied"] += counted.get("denied", 0)
+    network["trials_with_denials"] += counted.get("denied", 0) > 0
 
 
 def _fairness(rules: Counter[str], majority: str) -> dict[str, Any]:

@@ -176,6 +176,11 @@ def summarize_snapshot(
         "tokenizer": sorted(tokenizers) or ["o200k_base"],
         "used": {"calls": calls, "tokens": tokens, "seconds": round(float(seconds), 3)},
         "refused_calls": whole(raw.get("refused_calls")),
+        # Connections through the egress proxy (network "allow"), as the state counts them.
+        "connections": {
+            "allowed": whole(raw.get("connections_allowed")),
+            "denied": whole(raw.get("connections_denied")),
+        },
         "in_flight": len(mapping(raw.get("in_flight"))),
         "ended_by": ended_by,
         "statuses": dict(sorted(statuses.items())),
@@ -198,7 +203,10 @@ def _labels(value: Any) -> dict[str, str]:
 
 
 def _image(sandbox: dict[str, Any]) -> dict[str, Any]:
-    """A container trial's image: by its id, which the fairness check compares, and as it was named."""
+    """A container trial's image (by its id, which the fairness check compares, and as it was named);
+    a trial's egress allowlist."""
+    if sandbox.get("network") == "allow":
+        return {"allow": list(sandbox.get("allow") or [])}
     if sandbox.get("mode") != "docker":
         return {}
     return {"image_id": sandbox.get("image_id"), "image": sandbox.get("image")}
@@ -218,6 +226,7 @@ def unreadable(state_path: str, log_path: str, why: str) -> dict[str, Any]:
         "tokenizer": [],
         "used": {"calls": 0, "tokens": 0, "seconds": 0.0},
         "refused_calls": 0,
+        "connections": {"allowed": 0, "denied": 0},
         "in_flight": 0,
         "ended_by": None,
         "statuses": {},

@@ -13,7 +13,8 @@ const list = document.getElementById("overview-list");
 for (const line of lines) list.appendChild(el("li", line, line.startsWith("fairness: ") && !overview.fairness.same_rules ? "flag" : undefined));
 const fair = document.getElementById("fairness");
 const majority = overview.fairness.majority;
-const rules = [["trials", majority.trials], ["sandbox", majority.sandbox.mode + " (network " + majority.sandbox.network + ")"],
+const networkOf = s => s.network + (s.network === "allow" ? ": " + ((s.allow || []).join(" ") || "nothing") : "");
+const rules = [["trials", majority.trials], ["sandbox", majority.sandbox.mode + " (network " + networkOf(majority.sandbox) + ")"],
   ["tokenizer", majority.tokenizer.join(", ")]].concat(Object.entries(majority.limits));
 const ft = el("table"); const fh = ft.createTHead().insertRow();
 fh.appendChild(el("th", "rule")); fh.appendChild(el("th", "majority"));
@@ -23,7 +24,7 @@ const fb = ft.createTBody();
 for (const [name, value] of rules) {
   const r = fb.insertRow(); r.insertCell().textContent = name; r.insertCell().textContent = String(value);
   for (const o of others) { const key = ["trials", "sandbox", "tokenizer"].includes(name) ? name : "limits." + name;
-    const d = o.differs[key] || (name === "sandbox" ? (o.differs["sandbox.mode"] || o.differs["sandbox.network"]) : undefined);
+    const d = o.differs[key] || (name === "sandbox" ? (o.differs["sandbox.mode"] || o.differs["sandbox.network"] || o.differs["sandbox.allow"]) : undefined);
     const c = r.insertCell(); c.textContent = name === "trials" ? String(o.trials) : d ? String(d[1]) : "same"; if (d) c.className = "flag"; }
 }
 fair.appendChild(ft);
@@ -41,7 +42,8 @@ const reasonOf = t => t.integrity.verdict + (t.integrity.why ? ": " + t.integrit
 const columns = [["trial", t => t.state + (t.labels && Object.keys(t.labels).length ? "  [" + Object.entries(t.labels).map(([k, v]) => k + "=" + v).join(" ") + "]" : "")],
   ["id", t => (t.trial_id || "").slice(0, 12)], ["rules", t => groupOf(t) === 1 ? "majority" : "group " + groupOf(t)],
   ["calls", t => t.used.calls, t => t.limits.max_calls], ["tokens", t => t.used.tokens, t => t.limits.max_tokens],
-  ["secs", t => t.used.seconds, t => t.limits.trial_timeout], ["ended by", t => t.ended_by || ""],
+  ["secs", t => t.used.seconds, t => t.limits.trial_timeout],
+  ["denied", t => t.sandbox.network === "allow" ? (t.connections || {}).denied || 0 : ""], ["ended by", t => t.ended_by || ""],
   ["integrity", reasonOf], ["score", t => t.score === undefined ? "" : t.score]];
 const head = document.querySelector("#trials thead tr");
 let sortBy = -1, ascending = true, shown = 500;
