@@ -4,6 +4,7 @@
     python scripts/bench.py [--runs N] [--trial-tool PATH]
     python scripts/bench.py --trials DIR [--replicate K]    # the graders' view over real trials
     python scripts/bench.py --docker                         # the docker backend's figures only
+    python scripts/bench.py --egress                         # the egress allowlist's figures only
 
 
 Prints, for each case, the bare command's median wall time, trial-tool's, the
@@ -12,7 +13,10 @@ a cold CLI call with no output at most 80 ms over bare; a call with output
 pays for the encoder once and tokenizes once; the per-call overhead of a warm
 front door over a bare `subprocess.run` of `echo hello` in the same process:
 the API at most 5 ms, `serve` 10 ms, an MCP tool call 20 ms; the bwrap
-sandbox at most 15 ms over no sandbox, warm. A call's stdin and merged output,
+sandbox at most 15 ms over no sandbox, warm; `--network allow` at most 2 ms
+over `--network none` for a call that makes no connection (its connections
+and downloads through the proxy are measured against `--network host`
+direct, without a target). A call's stdin and merged output,
 and an exec of inspect's `trialtool` sandbox against its local one, are
 measured without a target. The graders' view (make the trials
 with scripts/make_trials.py): over 10 000 trials of 12 calls, `report` with
@@ -26,10 +30,12 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +46,8 @@ TARGET_SANDBOX_WARM_MS = 15.0
 TARGET_DOCKER_MS = 10.0
 #: What the sandbox's identity checks and the server's peer check may each add to a warm call (ms).
 TARGET_TRUST_MS = 1.0
+#: What `--network allow` (its namespace and proxy) may add to a call that makes no connection (ms).
+TARGET_EGRESS_MS = 2.0
 #: The graders' view over 10 000 trials of 12 calls: seconds and MB (all processes of the command together).
 TARGET_REPORT = (20.0, 500.0)
 TARGET_EXPORT_S = 20.0
@@ -506,6 +514,126 @@ def sandbox_figures(tool: str, work: Path, python: str, runs: int) -> None:
         )
 
 
+# Runs in the sandbox: open connections to the bench's server, directly or through the proxy (HTTPS_PROXY,
+# by CONNECT), then download 100 MiB the same way. Prints JSON: the median seconds of each.
+_EGRESS_CLIENT = r"""
+import json, os, socket, statistics, sys, time
+host, port, connects, downloads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+proxy = os.environ.get("HTTPS_PROXY")
+def opened():
+    if not proxy:
+        return socket.create_connection((host, port))
+    s = socket.create_connection(("127.0.0.1", 3128))
+    s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(4096)
+        assert chunk, head
+        head += chunk
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return s
+opens, reads = [], []
+for _ in range(connects):
+    t = time.perf_counter(); s = opened(); opens.append(time.perf_counter() - t)
+    s.sendall(b"c"); s.close()
+buffer = bytearray(1 << 20)
+for _ in range(downloads):
+    s = opened(); t = time.perf_counter(); s.sendall(b"d"); got = 0
+    while (n := s.recv_into(buffer)):
+        got += n
+    reads.append(time.perf_counter() - t); s.close()
+    assert got == 100 << 20, got
+print(json.dumps({"open": statistics.median(opens), "download": statistics.median(reads)}))
+"""
+
+# Runs in a fresh interpreter: warm API calls of `true` under bwrap, `--network none` and `allow`, in turns.
+_EGRESS_WARM = r"""
+import json, statistics, sys, tempfile, time
+from pathlib import Path
+from trialtool import Trial
+runs = int(sys.argv[1])
+root = Path(tempfile.mkdtemp())
+(root / "ws").mkdir()
+limits = {"max_calls": 10**6, "max_tokens": 10**9, "sandbox": "bwrap", "workspace": str(root / "ws")}
+allow = {**limits, "network": "allow", "allow": ["pypi.org", "*.pythonhosted.org"]}
+with Trial(root / "n.json", root / "n.jsonl", limits=limits) as none, \
+        Trial(root / "a.json", root / "a.jsonl", limits=allow) as allowed:
+    for trial in (none, allowed):
+        for _ in range(3):
+            trial.run(["true"])
+    times = {id(none): [], id(allowed): []}
+    for _ in range(runs):
+        for trial in (none, allowed):
+            t = time.perf_counter(); trial.run(["true"]); times[id(trial)].append(time.perf_counter() - t)
+print(json.dumps([statistics.median(times[id(none)]), statistics.median(times[id(allowed)])]))
+"""
+
+
+def _serve_bench(listener: socket.socket) -> None:
+    """The bench's far host: `c` a connection opened and closed, `d` 100 MiB sent and closed."""
+    block = bytes(1 << 20)
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            if conn.recv(1) == b"d":
+                for _ in range(100):
+                    conn.sendall(block)
+
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+
+def egress_figures(tool: str, work: Path, python: str, runs: int) -> None:
+    """The allowlist's proxy: a connection opened and 100 MiB downloaded through it against `--network host`
+    direct, and what `--network allow` adds to a call that makes no connection."""
+    print("\nthe egress allowlist, bwrap (`--network allow` through the proxy against `--network host` direct):")
+    reason = sandbox_unavailable()
+    if reason is not None:
+        print(f"  not measured: {reason}")
+        return
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    threading.Thread(target=_serve_bench, args=(listener,), daemon=True).start()
+    (work / "egress-ws").mkdir(exist_ok=True)
+    connects, downloads = max(50, runs * 5), 5
+    figures = {}
+    try:
+        for network in ("host", "allow"):
+            flags = ["--sandbox", "bwrap", "--network", network, "--workspace", str(work / "egress-ws")]
+            if network == "allow":
+                flags += ["--allow", f"127.0.0.1:{port}"]  # loopback, opened by naming it
+            name = work / f"egress-{network}"
+            argv = [tool, "--state", f"{name}.json", "--log", f"{name}.jsonl", *flags, "--call-timeout", "600"]
+            argv += ["--", python, "-c", _EGRESS_CLIENT, "127.0.0.1", str(port), str(connects), str(downloads)]
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                print(f"  not measured: the {network} call failed: {(done.stderr or done.stdout).strip()[:300]}")
+                return
+            figures[network] = json.loads(done.stdout)
+    finally:
+        listener.close()
+    direct, proxied = figures["host"], figures["allow"]
+    print(f"  {'case':<44}{'direct':>10}{'proxy':>10}{'ratio':>8}")
+    opened = (direct["open"] * 1000, proxied["open"] * 1000)
+    print(f"  {'open a connection, median ms':<44}{opened[0]:>10.3f}{opened[1]:>10.3f}{opened[1] / opened[0]:>7.1f}x")
+    rates = (100 / direct["download"], 100 / proxied["download"])
+    print(f"  {'download 100 MiB, MiB/s':<44}{rates[0]:>10.0f}{rates[1]:>10.0f}{rates[1] / rates[0]:>7.2f}x")
+    done = subprocess.run([python, "-c", _EGRESS_WARM, str(runs * 2)], capture_output=True, text=True, check=True)
+    none, allowed = json.loads(done.stdout)
+    added = (allowed - none) * 1000
+    verdict = "meets" if added <= TARGET_EGRESS_MS else "MISSES"
+    print(
+        f"  a call making no connection (warm API `true`): network none {none * 1000:.1f} ms, "
+        f"allow {allowed * 1000:.1f} ms, added {added:.2f} ms  {verdict} {TARGET_EGRESS_MS:.0f}"
+    )
+
+
 def home_figures(tool: str, work: Path, runs: int) -> None:
     """What a home of the trial's own costs a cold call over the host's read-only $HOME (this $HOME)."""
     print("\nhome layer, cold CLI `true` under --sandbox bwrap over --home host, median ms:")
@@ -736,10 +864,15 @@ def main() -> int:
     parser.add_argument("--trials", type=Path, help="only the graders' figures, over the trials in this directory")
     parser.add_argument("--replicate", type=int, default=1, help="with --trials: also over K hard-linked copies")
     parser.add_argument("--docker", action="store_true", help="only the docker backend's figures")
+    parser.add_argument("--egress", action="store_true", help="only the egress allowlist's figures")
     args = parser.parse_args()
-    if args.docker:
+    if args.docker or args.egress:
         work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))
-        docker_figures(work, sys.executable, args.runs)
+        if args.docker:
+            docker_figures(work, sys.executable, args.runs)
+        else:
+            os.environ["TRIALTOOL_SERVER"] = "off"
+            egress_figures(args.trial_tool, work, sys.executable, args.runs)
         shutil.rmtree(work)
         return 0
     if args.trials is not None:
@@ -798,6 +931,7 @@ def main() -> int:
     sandbox_figures(tool, work, python, args.runs)
     home_figures(tool, work, args.runs)
     docker_figures(work, python, args.runs)
+    egress_figures(tool, work, python, args.runs)
     trust_figures(python, args.runs)
     server_figures(tool, work, python, args.runs)
     ledger_figures(tool, work, python)

@@ -1,3 +1,3 @@
 """The installed version of trialtool, read by the package, the servers and the build."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
