@@ -163,7 +163,10 @@ class CallNetwork:
             document = {}
         pid, inode = document.get("child-pid"), document.get("net-namespace")
         listener = listener_in(pid, inode) if isinstance(pid, int) and isinstance(inode, int) else None
-        os.write(self.block_w, b"x")  # the command may connect from now on: the listener's backlog holds it
+        try:
+            os.write(self.block_w, b"x")  # the command may connect from now on: the listener's backlog holds it
+        except BrokenPipeError:
+            pass  # bwrap ended before it made the sandbox: its status and stderr say why
         self.close()
         if listener is not None:
             from ._proxy import Proxy
