@@ -91,7 +91,8 @@ def test_ledger_and_log_agree_after_any_sequence(
 def test_parallel_processes_never_exceed_the_call_cap(trial: TrialFiles) -> None:
     assert trial.cli("init", "--state", str(trial.state), "--log", str(trial.log), "--max-calls", "5").returncode == 0
     codes = [code for code, _ in trial.parallel(trial.argv("--", "sleep", "0.3"), 9)]
-    assert sorted(codes) == [0] * 5 + [123] * 4
+    recorded = [(record.get("status"), record.get("error")) for record in trial.records()]
+    assert sorted(codes) == [0] * 5 + [123] * 4, recorded
     state = check_ledger(trial.state, trial.log)
     assert state["calls"] == 5 and state["refused_calls"] == 4
 
