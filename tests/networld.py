@@ -37,6 +37,10 @@ HOSTS = {
     "other.test": "198.51.100.20",
     "inside.test": "10.77.0.5",
     "loop.test": "127.0.0.1",
+    "allowed.test": "203.0.113.13",
+    "www.allowed.test": "203.0.113.13",
+    "xn--bcher-kva.allowed.test": "203.0.113.13",
+    "evil.test": "203.0.113.7",
 }
 _CLONE_NEWNET = 0x40000000
 
@@ -107,12 +111,19 @@ class World:
             os.close(own)
             os.close(theirs)
 
-    def serve(self, directory: Path, address: str, port: int, *, tls: bool = False) -> None:
-        """Serve `directory`'s files at `address`:`port` in the world (HTTPS with the world's certificate)."""
+    def serve(self, directory: Path, address: str, port: int, *, tls: bool = False) -> list[str]:
+        """Serve `directory`'s files at `address`:`port` in the world (HTTPS with the world's certificate).
+
+        Returns the server's log: each request line it heard, in order.
+        """
+        heard: list[str] = []
 
         class Quiet(http.server.SimpleHTTPRequestHandler):
             def __init__(self, *args: object, **kwargs: object) -> None:
                 super().__init__(*args, directory=str(directory), **kwargs)  # type: ignore[arg-type]
+
+            def log_request(self, *args: object) -> None:
+                heard.append(self.requestline)
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -124,6 +135,7 @@ class World:
         server.daemon_threads = True
         self.servers.append(server)
         threading.Thread(target=server.serve_forever, daemon=True).start()
+        return heard
 
     def close(self) -> None:
         if self.holder.poll() is None:

@@ -84,7 +84,9 @@ def test_any_text_is_a_rule_or_a_usage_error_naming_it(text: str) -> None:
         ("10.0.0.1/8", "has host bits set"),
         ("300.1.1.1", "does not appear to be an IPv4 or IPv6 network"),
         ("-bad-.org", "is not a host name"),
-        ("bücher.de", "punycode"),
+        ("a_b.org", "is not a host name"),
+        ("127.1", "does not appear to be an IPv4"),
+        ("bad\u3002", "is not a host name"),
         ("*.", "is not a host name"),
         ("[::1", "expected [ADDRESS]:PORT"),
         ("a b", "takes HOST[:PORT]"),
@@ -114,7 +116,7 @@ def test_a_rule_without_a_port_is_80_and_443_and_star_is_any() -> None:
 def test_a_wildcard_is_the_subdomains_and_not_the_name(name: str, port: int) -> None:
     rules = egress.Rules([f"*.{name}:*"])
     assert rules.name_allowed(f"sub.{name}", port) is None
-    assert rules.name_allowed(f"A.Sub.{name.upper()}.", port) is None
+    assert rules.name_allowed(egress.hostname(f"A.Sub.{name.upper()}."), port) is None
     assert rules.name_allowed(name, port) == "not_listed"
     assert rules.name_allowed(f"evil{name}", port) == "not_listed"
     assert rules.name_allowed(f"{name}.evil.test", port) == "not_listed"
@@ -197,3 +199,110 @@ def test_checked_settings() -> None:
         assert words in raised.value.message
     assert not egress.stored(["pypi.org:80", "pypi.org:443"])  # not in canonical order: not what a trial pins
     assert not egress.stored("pypi.org:80")
+
+
+# The one parser of what reaches the proxy (egress.host, egress.authority, egress.port).
+
+_SPELLINGS = [
+    # (as sent, what it is, or the code of its refusal)
+    ("allowed.test", "allowed.test"),
+    ("WWW.Allowed.TEST", "www.allowed.test"),
+    ("www.allowed.test.", "www.allowed.test"),
+    ("bücher.allowed.test", "xn--bcher-kva.allowed.test"),
+    ("xn--bcher-kva.allowed.test", "xn--bcher-kva.allowed.test"),
+    ("evil.test\x00.allowed.test", "bad_name"),
+    ("evil.test%00.allowed.test", "bad_name"),
+    ("evil.test .allowed.test", "bad_name"),
+    ("evil.test\t.allowed.test", "bad_name"),
+    ("evil.test\n.allowed.test", "bad_name"),
+    ("evil.test\x7f.allowed.test", "bad_name"),
+    ("evil_test.allowed.test", "bad_name"),
+    ("-evil.allowed.test", "bad_name"),
+    ("www..allowed.test", "bad_name"),
+    ("allowed.test..", "bad_name"),
+    ("", "bad_name"),
+    ("a" * 64 + ".allowed.test", "bad_name"),
+    (".".join(["a" * 63] * 4) + ".allowed.test", "bad_name"),  # 270 characters
+    ("127.0.0.1", ipaddress.IPv4Address("127.0.0.1")),
+    ("127.0.0.1.", ipaddress.IPv4Address("127.0.0.1")),
+    ("127.1", "bad_address"),
+    ("2130706433", "bad_address"),
+    ("0x7f000001", "bad_address"),
+    ("0x7f.0.0.1", "bad_address"),
+    ("0177.0.0.1", "bad_address"),
+    ("127.000.000.001", "bad_address"),
+    ("1.2.3.4.5", "bad_address"),
+    ("256.1.1.1", "bad_address"),
+    ("evil.0x10", "bad_address"),
+    ("[::1]", ipaddress.IPv6Address("::1")),
+    ("::1", ipaddress.IPv6Address("::1")),
+    ("[::ffff:127.0.0.1]", ipaddress.IPv4Address("127.0.0.1")),
+    ("[::FFFF:7f00:1]", ipaddress.IPv4Address("127.0.0.1")),
+    ("[fe80::1%eth0]", "bad_address"),
+    ("[fe80::1%25eth0]", "bad_address"),
+    ("[1.2.3.4]", "bad_address"),
+    ("[::1", "bad_address"),
+    ("[::g]", "bad_address"),
+]
+
+
+@pytest.mark.parametrize(("given", "expected"), _SPELLINGS)
+def test_each_spelling_of_a_host_is_read_one_way(given: str, expected: object) -> None:
+    if isinstance(expected, str) and expected.startswith("bad_"):
+        with pytest.raises(egress.Malformed) as raised:
+            egress.host(given)
+        assert raised.value.code == expected and raised.value.why
+    else:
+        assert egress.host(given) == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("allowed.test:80", ("allowed.test", 80)),
+        ("allowed.test", ("allowed.test", 443)),
+        ("[::1]:8080", (ipaddress.IPv6Address("::1"), 8080)),
+        ("allowed.test:0", "bad_port"),
+        ("allowed.test:080", "bad_port"),
+        ("allowed.test:+80", "bad_port"),
+        ("allowed.test:65536", "bad_port"),
+        ("allowed.test:\u0668\u0660", "bad_port"),  # Arabic-Indic digits: str.isdigit says yes
+        ("allowed.test:", "bad_port"),
+        ("allowed.test:80:80", "bad_address"),
+        ("::1:80", "bad_address"),
+        ("[::1]80", "bad_address"),
+    ],
+)
+def test_an_authority_is_read_one_way(given: str, expected: object) -> None:
+    if isinstance(expected, str):
+        with pytest.raises(egress.Malformed) as raised:
+            egress.authority(given, 443)
+        assert raised.value.code == expected
+    else:
+        assert egress.authority(given, 443) == expected
+
+
+@given(st.text(max_size=300))
+def test_a_checked_name_is_ldh_and_its_own_check(text: str) -> None:
+    """Whatever text comes in, a name that comes out is plain LDH, and checking it again changes nothing."""
+    shown = egress.escaped(text)
+    assert shown.isascii() and shown.isprintable() and len(shown) <= egress.HOST_CHARS
+    bad: egress.Malformed | None = None
+    try:
+        checked = egress.host(text)
+    except egress.Malformed as exc:
+        bad = exc
+    if bad is not None:
+        assert bad.code in ("bad_name", "bad_address") and "\n" not in bad.why
+        return
+    if isinstance(checked, str):
+        assert checked.isascii() and set(checked) <= set("abcdefghijklmnopqrstuvwxyz0123456789-.")
+        assert 0 < len(checked) <= 253 and egress.host(checked) == checked
+    else:
+        assert egress.host(str(checked) if checked.version == 4 else f"[{checked}]") == checked
+
+
+def test_a_rule_and_the_proxy_read_a_name_alike() -> None:
+    rules = egress.Rules(egress.canonical(["Bücher.Allowed.Test.", "*.allowed.test"]))
+    assert rules.name_allowed(egress.hostname("BÜCHER.allowed.test"), 443) is None
+    assert rules.names == {"xn--bcher-kva.allowed.test": {80, 443}}

@@ -74,10 +74,10 @@ def test_there_are_five_rooms_and_a_small_top() -> None:
     assert sum(_room(name) == "top" for name in MODULES) <= 17
 
 
-def test_no_module_is_over_350_lines() -> None:
-    """A module a maintainer can hold in mind: past this size, one has two jobs."""
+def test_no_module_is_over_500_lines() -> None:
+    """A module a maintainer can hold in mind: past this size, one has two jobs (and is split, never squeezed)."""
     long = {
-        name: n for name, path in MODULES.items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > 350
+        name: n for name, path in MODULES.items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > 500
     }
     assert not long, long
 

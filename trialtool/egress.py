@@ -21,6 +21,7 @@ address it carries.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -66,7 +67,7 @@ SPECIAL: tuple[tuple[IPNetwork, str], ...] = tuple(
         ("192.0.0.0/24", "reserved"),
         ("224.0.0.0/4", "reserved"),
         ("240.0.0.0/4", "reserved"),
-        ("::/128", "reserved"),
+        ("::/96", "reserved"),  # the unspecified address and the old IPv4-compatible ones
         ("fec0::/10", "reserved"),
         ("ff00::/8", "reserved"),
     )
@@ -97,19 +98,12 @@ def _short(network: str) -> str:
 
 
 def _name(host: str, given: str) -> str:
-    """`host` as a checked, lowercased DNS name; UsageError otherwise."""
-    name = host.rstrip(".").lower()
-    labels = name.split(".")
-    if (
-        not name
-        or len(name) > 253
-        or not name.isascii()
-        or not all(0 < len(label) <= 63 and label.replace("-", "").replace("_", "").isalnum() for label in labels)
-        or any(label.startswith("-") or label.endswith("-") for label in labels)
-    ):
-        hint = "; give a name in its ASCII (punycode) form" if not name.isascii() else ""
-        raise UsageError(f"--allow {plain(given)}: {plain(host)} is not a host name, address or network{hint}")
-    return name
+    """`host` of a rule as a checked host name (the proxy's own parser); UsageError otherwise."""
+    try:
+        return hostname(host)
+    except Malformed as exc:
+        why = f"{plain(host)} is not a host name, address or network: {exc.why}"
+        raise UsageError(f"--allow {plain(given)}: {why}") from None
 
 
 def parse(given: str) -> list[Rule]:
@@ -180,6 +174,115 @@ def stored(value: Any) -> bool:
         return False
 
 
+class Malformed(ValueError):
+    """A name, address or port in no spelling this parser accepts: the record's code, and what was wrong."""
+
+    def __init__(self, code: str, why: str) -> None:
+        super().__init__(why)
+        self.code, self.why = code, why
+
+
+#: One label of a host name: letters, digits and hyphens, 1 to 63, no hyphen at either end (LDH).
+_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?", re.ASCII)
+#: A last label that reads as a number (decimal, or 0x hex): a resolver would take the name for an IPv4 address.
+_NUMERIC = re.compile(r"[0-9]+|0x[0-9a-f]*", re.ASCII)
+#: IPv4 in its one spelling: four decimal parts 0 to 255, without leading zeros.
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_QUAD = re.compile(rf"(?:{_OCTET}\.){{3}}{_OCTET}", re.ASCII)
+_PORT = re.compile(r"[1-9][0-9]{0,4}", re.ASCII)
+
+
+def hostname(text: str) -> str:
+    """`text` as the one string both the rules and the resolver get: a lowercased LDH host name.
+
+    An optional trailing dot is removed; a name with non-ASCII letters is taken
+    in its IDNA (punycode) form. Anything else is Malformed("bad_name"), and a
+    name whose last label is a number is Malformed("bad_address"): that is an
+    IPv4 address in a spelling other than the dotted quad (`127.1`, `0x7f.1`).
+    """
+    name = text[:-1] if text.endswith(".") else text
+    if not name.isascii():
+        try:
+            name = name.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise Malformed("bad_name", f"not a name in IDNA: {exc}") from None
+    name = name.lower()
+    if not name or len(name) > 253:
+        raise Malformed("bad_name", "a host name has 1 to 253 characters")
+    labels = name.split(".")
+    if not all(_LABEL.fullmatch(label) for label in labels):
+        raise Malformed("bad_name", "a host name's labels are 1 to 63 letters, digits and inner hyphens")
+    if _NUMERIC.fullmatch(labels[-1]):
+        raise Malformed("bad_address", "an IPv4 address is four decimal parts, 0 to 255, without leading zeros")
+    return name
+
+
+def unmapped(address: IPAddress) -> IPAddress:
+    """An IPv4-mapped IPv6 address as the IPv4 address it maps; any other as it is."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def host(text: str) -> str | IPAddress:
+    """A host as the proxy reads it (any way in): an address, in its one spelling, or a checked host name.
+
+    IPv4 only as a dotted quad; IPv6 bare or in brackets, without a zone id
+    (no rule can name one), an IPv4-mapped one as the IPv4 address.
+    """
+    inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    if ":" in inner:
+        if "%" in inner:
+            raise Malformed("bad_address", "an IPv6 address with a zone id is not accepted")
+        if not inner.isascii() or not all(c in "0123456789abcdefABCDEF:." for c in inner):
+            raise Malformed("bad_address", "not an IPv6 address")
+        try:
+            return unmapped(ipaddress.IPv6Address(inner))
+        except ValueError as exc:
+            raise Malformed("bad_address", f"not an IPv6 address: {exc}") from None
+    if inner is not text:
+        raise Malformed("bad_address", "only an IPv6 address goes in brackets")
+    bare = text[:-1] if text.endswith(".") else text
+    if _QUAD.fullmatch(bare):
+        return ipaddress.IPv4Address(bare)
+    return hostname(text)
+
+
+def port(text: str) -> int:
+    """A port as decimal ASCII digits, 1 to 65535, without a sign or leading zeros; else Malformed("bad_port")."""
+    if not _PORT.fullmatch(text) or int(text) > 65535:
+        raise Malformed("bad_port", "a port is 1 to 65535 in decimal digits")
+    return int(text)
+
+
+def split(text: str) -> tuple[str, str | None]:
+    """`host[:port]` or `[IPv6][:port]` as its host's text and its port's (None: no port given)."""
+    if text.startswith("["):
+        inside, bracket, rest = text.partition("]")
+        if rest and not rest.startswith(":"):
+            raise Malformed("bad_address", "an IPv6 address in brackets is followed by nothing or :PORT")
+        return inside + bracket, (rest[1:] if rest else None)
+    if text.count(":") > 1:
+        raise Malformed("bad_address", "an IPv6 address with a port goes in brackets")
+    where, colon, after = text.partition(":")
+    return where, (after if colon else None)
+
+
+def authority(text: str, default: int | None) -> tuple[str | IPAddress, int]:
+    """`host[:port]` or `[IPv6][:port]` as (host, port); `default` when no port is given (None: one is needed)."""
+    where, given = split(text)
+    if given is None:
+        if default is None:
+            raise Malformed("bad_port", "a port is needed")
+        return host(where), default
+    return host(where), port(given)
+
+
+def escaped(text: str) -> str:
+    """`text` as a record shows a refused host: control bytes, backslashes and non-ASCII escaped, then cut."""
+    return text.encode("unicode_escape").decode("ascii")[:HOST_CHARS]
+
+
 class Rules:
     """A pinned list, ready to decide: `host_allowed` for a name or address, `address_allowed` after resolving."""
 
@@ -197,8 +300,7 @@ class Rules:
                     self.networks.append((ipaddress.ip_network(rule.host), rule.port))
 
     def name_allowed(self, name: str, port: int) -> str | None:
-        """None if a name rule allows `name` on `port`; else the code of the refusal."""
-        name = name.rstrip(".").lower()
+        """None if a name rule allows `name` (as `hostname` gave it) on `port`; else the code of the refusal."""
         ports = self.names.get(name, set())
         if 0 in ports or port in ports:
             return None
@@ -216,8 +318,7 @@ class Rules:
         `named`: the address is what an allowed name resolved to, so an ordinary
         address needs no rule of its own; a special one still does.
         """
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
+        address = unmapped(address)
         # An IPv6 address that carries an IPv4 one (NAT64, 6to4) is as special as the address it carries.
         block, kind = special(address)
         if block is None and (carried := _carried(address)) is not None:
@@ -265,6 +366,9 @@ REASONS = {
     "reserved": "is a reserved address",
     "capacity": "was refused: too many connections open at once",
     "protocol": "was refused: not a proxy request this proxy speaks",
+    "bad_name": "is not a host name",
+    "bad_address": "is not an address in the one spelling accepted",
+    "bad_port": "has no port in the one spelling accepted",
 }
 
 __all__ = [
@@ -275,11 +379,19 @@ __all__ = [
     "REASONS",
     "RECORD_BOUND",
     "SPECIAL",
+    "Malformed",
     "Rule",
     "Rules",
+    "authority",
     "canonical",
     "checked",
+    "escaped",
+    "host",
+    "hostname",
     "parse",
+    "port",
     "special",
+    "split",
     "stored",
+    "unmapped",
 ]

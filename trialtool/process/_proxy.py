@@ -4,11 +4,17 @@ It runs in the supervisor, on threads of its own, for the one call: it accepts
 on the listener made in the call's network namespace (_netns.py), speaks HTTP
 (a plain request, or `CONNECT`) and SOCKS5 on the one port, told apart by the
 first byte, decides each connection by the pinned rules (egress.py), resolves
-an allowed name here, and connects to the very address it checked. Traffic is
-relayed, never read: a plain HTTP request's head is rewritten to the origin's
-form and `Connection: close`, one request a connection, so that each is
-checked. A denial is answered at once: HTTP 403 with a one-line reason, or the
-SOCKS refusal.
+an allowed name here, and connects to the very address it checked.
+
+Every host, port and request line is read once, strictly, by one parser
+(egress.host, egress.authority, egress.port): what the rules are asked about is
+the very string the resolver gets, so no two readers can read one name two
+ways (a NUL byte, which a C resolver takes for the name's end, is a bad name).
+Traffic is relayed, never read: a plain HTTP request's head is checked field by
+field and rewritten to the origin's form, with the checked authority as its
+Host and `Connection: close`, one request a connection, so that each is
+checked. A denial is answered at once: HTTP 400 or 403 with a one-line reason,
+or the SOCKS refusal.
 
 Every attempt is counted, and the first `egress.LISTED` of each kind kept for the
 call's record: allowed ones with the address connected, bytes each way and
@@ -19,14 +25,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import select
 import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 from .. import egress
 
@@ -38,7 +44,10 @@ HEAD_SECONDS = 30.0
 #: Seconds to connect to one address of an allowed host.
 CONNECT_SECONDS = 10.0
 _CHUNK = 256 * 1024
-_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"te", b"upgrade"})
+#: Fields not passed on: hop-by-hop ones, and Host (the checked authority's is sent instead).
+_DROPPED = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization", b"te", b"upgrade", b"host"}
+)
 
 
 class Refused(Exception):
@@ -52,8 +61,16 @@ class Refused(Exception):
 class Proxy:
     """One call's proxy: started on the listener, `finish`ed once the command's tree is gone."""
 
-    def __init__(self, listener: socket.socket, allow: Sequence[str], started: float) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        allow: Sequence[str],
+        started: float,
+        resolve: Callable[[str, int], list[egress.IPAddress]] | None = None,
+    ) -> None:
         self.rules = egress.Rules(allow)
+        #: How a checked name becomes addresses: the system's resolver, or a test's table of its own.
+        self.resolve = resolve or system_resolve
         self.listener, self.started = listener, started
         self.lock = threading.Lock()
         self.allowed: list[dict[str, Any]] = []
@@ -144,34 +161,31 @@ class Proxy:
             if len(self.denied) < egress.LISTED:
                 self.denied.append(entry)
 
-    def _connect(self, host: str, port: int, via: str) -> tuple[socket.socket, dict[str, Any]]:
-        """The connection to `host`:`port` if the rules allow it (Refused if not), and its record entry."""
-        try:
-            literal: egress.IPAddress | None = ipaddress.ip_address(host.strip("[]"))
-        except ValueError:
-            literal = None
-        if literal is not None:
-            code = self.rules.address_allowed(literal, port, named=False)
-            if code is not None:
-                self._deny(host, port, code, via, str(literal))
-                raise Refused(code)
-            candidates = [literal]
-        else:
-            code = self.rules.name_allowed(host, port)
+    def _connect(self, where: str | egress.IPAddress, port: int, via: str) -> tuple[socket.socket, dict[str, Any]]:
+        """The connection to `where` (a checked name or address) on `port` if the rules allow it, and its entry.
+
+        The name the rules were asked about is the very string resolved; the
+        address connected is one the rules allowed. Refused if not allowed.
+        """
+        host = str(where)
+        if isinstance(where, str):
+            code = self.rules.name_allowed(where, port)
             if code is not None:
                 self._deny(host, port, code, via, None)  # never resolved: no lookup leaves for an unlisted name
                 raise Refused(code)
-            try:
-                found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-            except (socket.gaierror, UnicodeError):
-                found = []
-            resolved = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in found))
+            resolved = list(dict.fromkeys(egress.unmapped(address) for address in self.resolve(where, port)))
             candidates = [a for a in resolved if self.rules.address_allowed(a, port, named=True) is None]
             if resolved and not candidates:
                 code = self.rules.address_allowed(resolved[0], port, named=True) or "reserved"
                 self._deny(host, port, code, via, str(resolved[0]))
                 raise Refused(code)
-        entry: dict[str, Any] = {"host": host[: egress.HOST_CHARS], "port": port, "address": None, "via": via}
+        else:
+            code = self.rules.address_allowed(where, port, named=False)
+            if code is not None:
+                self._deny(host, port, code, via, host)
+                raise Refused(code)
+            candidates = [where]
+        entry: dict[str, Any] = {"host": host, "port": port, "address": None, "via": via}
         entry.update(sent=0, received=0, seconds=0.0, at=self._now())
         with self.lock:
             self.allowed_count += 1
@@ -244,29 +258,37 @@ class Proxy:
             head += chunk
         whole, _, rest = bytes(head).partition(b"\r\n\r\n")
         line, *fields = whole.split(b"\r\n")
-        parts = line.split(b" ")
-        method = parts[0] if len(parts) == 3 else b""
         begun = time.monotonic()
-        host, port = "", 0
+        via, given, port, shown = "http", "", 0, ""
         try:
-            if method == b"CONNECT":
-                host, port = _authority(parts[1].decode("latin-1"), None)
-                upstream, entry = self._connect(host, port, "connect")
+            method, target, version = _request_line(line)
+            via = "connect" if method == "CONNECT" else "http"
+            if method == "CONNECT":
+                given = target
+                where, port = egress.authority(target, None)
+                shown = str(where)
+                upstream, entry = self._connect(where, port, via)
                 client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
-                target = urlsplit(parts[1].decode("latin-1")) if method else None
-                if target is None or target.scheme.lower() != "http" or not target.hostname:
-                    self._deny("", 0, "protocol", "http", None)
-                    raise Refused("protocol", 400)
-                host, port = _authority(target.netloc.rpartition("@")[2], 80)
-                upstream, entry = self._connect(host, port, "http")
-                path = (target.path or "/") + (f"?{target.query}" if target.query else "")
-                kept = [field for field in fields if field.split(b":", 1)[0].strip().lower() not in _HOP]
-                request = b"\r\n".join([b" ".join([method, path.encode("latin-1"), parts[2]]), *kept])
-                upstream.sendall(request + b"\r\nConnection: close\r\n\r\n" + rest)
+                given, path = _absolute(target)
+                where, port = egress.authority(given, 80)
+                shown = str(where)
+                kept = _fields(fields)
+                upstream, entry = self._connect(where, port, via)
+                # The Host field is the checked authority's, never the client's (RFC 9112, 3.2.2).
+                name = f"[{where}]" if isinstance(where, ipaddress.IPv6Address) else str(where)
+                authority = name if port == 80 else f"{name}:{port}"
+                lines = [f"{method} {path} {version}".encode("ascii"), f"Host: {authority}".encode("ascii"), *kept]
+                upstream.sendall(b"\r\n".join(lines) + b"\r\nConnection: close\r\n\r\n" + rest)
                 rest = b""
+        except egress.Malformed as bad:
+            self._deny(*_shown(given), bad.code, via, None)
+            _answer(client, 400, bad.code, "", 0)
+            return
         except Refused as refused:
-            _answer(client, refused.status, refused.code, host, port)
+            if refused.code == "protocol":
+                self._deny("", 0, "protocol", via, None)
+            _answer(client, refused.status, refused.code, shown, port)
             return
         if rest:
             upstream.sendall(rest)
@@ -280,30 +302,104 @@ class Proxy:
             return
         client.sendall(b"\x05\x00")
         _, command, _, kind = _exactly(client, 4)
-        if kind == 1:
-            host = str(ipaddress.ip_address(_exactly(client, 4)))
-        elif kind == 4:
-            host = str(ipaddress.ip_address(_exactly(client, 16)))
-        elif kind == 3:
-            host = _exactly(client, _exactly(client, 1)[0]).decode("latin-1")
-        else:
-            client.sendall(b"\x05\x08\x00\x01" + bytes(6))
-            self._deny("", 0, "protocol", "socks5", None)
+        given = ""
+        try:
+            if kind == 1:
+                where: str | egress.IPAddress = ipaddress.IPv4Address(_exactly(client, 4))
+            elif kind == 4:
+                where = egress.unmapped(ipaddress.IPv6Address(_exactly(client, 16)))
+            elif kind == 3:
+                raw = _exactly(client, _exactly(client, 1)[0])
+                given = raw.decode("utf-8", "backslashreplace")
+                where = egress.host(raw.decode("utf-8"))  # bytes that are no UTF-8: a bad name, below
+            else:
+                client.sendall(b"\x05\x08\x00\x01" + bytes(6))
+                self._deny("", 0, "protocol", "socks5", None)
+                return
+        except (egress.Malformed, UnicodeDecodeError) as bad:
+            _exactly(client, 2)
+            code = bad.code if isinstance(bad, egress.Malformed) else "bad_name"
+            client.sendall(b"\x05\x02\x00\x01" + bytes(6))
+            self._deny(egress.escaped(given), 0, code, "socks5", None)
             return
         port = struct.unpack("!H", _exactly(client, 2))[0]
-        if command != 1:  # CONNECT only
+        if command != 1 or port == 0:  # CONNECT only, to a port
             client.sendall(b"\x05\x07\x00\x01" + bytes(6))
-            self._deny(host, port, "protocol", "socks5", None)
+            self._deny(str(where), port, "protocol", "socks5", None)
             return
         begun = time.monotonic()
         try:
-            upstream, entry = self._connect(host, port, "socks5")
+            upstream, entry = self._connect(where, port, "socks5")
         except Refused as refused:
             reply = {"unresolved": 4, "unreachable": 5}.get(refused.code, 2)
             client.sendall(bytes([5, reply, 0, 1]) + bytes(6))
             return
         client.sendall(b"\x05\x00\x00\x01" + bytes(6))
         self._relay(client, upstream, entry, begun)
+
+
+def system_resolve(name: str, port: int) -> list[egress.IPAddress]:
+    """The addresses of a checked host name, by the system's resolver (given as ASCII bytes: nothing re-read)."""
+    try:
+        found = socket.getaddrinfo(name.encode("ascii"), port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return []
+    return [ipaddress.ip_address(str(info[4][0]).partition("%")[0]) for info in found]
+
+
+#: A request line's method: an upper-case token; its version: HTTP/1.0 or 1.1.
+_METHOD = re.compile(rb"[A-Z]{1,20}")
+_VERSIONS = (b"HTTP/1.0", b"HTTP/1.1")
+#: A field line: a token, a colon, then a value of visible bytes, spaces and tabs (no NUL, CR or LF).
+_FIELD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*")
+
+
+def _shown(given: str) -> tuple[str, int]:
+    """A refused authority as its record shows it: the host's text escaped, and the port where it is one."""
+    try:
+        where, text = egress.split(given)
+    except egress.Malformed:
+        return egress.escaped(given), 0
+    try:
+        number = egress.port(text) if text is not None else 0
+    except egress.Malformed:
+        number = 0
+    return egress.escaped(where), number
+
+
+def _request_line(line: bytes) -> tuple[str, str, str]:
+    """(method, target, version) of `method SP target SP version`, the target as UTF-8; else Refused."""
+    parts = line.split(b" ")
+    if len(parts) != 3 or not _METHOD.fullmatch(parts[0]) or parts[2] not in _VERSIONS:
+        raise Refused("protocol", 400)
+    try:
+        target = parts[1].decode("utf-8")
+    except UnicodeDecodeError:
+        raise Refused("protocol", 400) from None
+    return parts[0].decode("ascii"), target, parts[2].decode("ascii")
+
+
+def _absolute(target: str) -> tuple[str, str]:
+    """(authority, path and query) of a plain request's `http://authority[/path][?query]`; else Refused."""
+    if target[:7].lower() != "http://":
+        raise Refused("protocol", 400)
+    rest = target[7:]
+    cut = min((rest.index(c) for c in "/?" if c in rest), default=len(rest))
+    authority, path = rest[:cut], rest[cut:]
+    if "@" in authority or "#" in target:  # no credentials in the authority, no fragment in a request
+        raise Refused("protocol", 400)
+    if path.startswith("?") or not path:
+        path = "/" + path
+    if not all("!" <= c <= "~" for c in path):
+        raise Refused("protocol", 400)
+    return authority, path
+
+
+def _fields(fields: list[bytes]) -> list[bytes]:
+    """The request's field lines to pass on: each checked; hop-by-hop ones and Host dropped; else Refused."""
+    if not all(_FIELD.fullmatch(field) for field in fields):
+        raise Refused("protocol", 400)
+    return [field for field in fields if field.split(b":", 1)[0].lower() not in _DROPPED]
 
 
 def _exactly(sock: socket.socket, count: int) -> bytes:
@@ -314,21 +410,6 @@ def _exactly(sock: socket.socket, count: int) -> bytes:
             raise ConnectionResetError("the client hung up")
         data += chunk
     return data
-
-
-def _authority(text: str, default: int | None) -> tuple[str, int]:
-    """(host, port) of `host[:port]` or `[v6][:port]` (`default` when none; None: one is needed); else Refused."""
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else rest
-    elif text.count(":") == 1:
-        host, _, port = text.partition(":")
-    else:
-        host, port = text, ""
-    number = int(port) if port.isdigit() else (default or 0) if not port else 0
-    if not host or not 0 < number < 65536:
-        raise Refused("protocol", 400)
-    return host.lower(), number
 
 
 def _answer(client: socket.socket, status: int, code: str, host: str, port: int) -> None:
