@@ -111,7 +111,8 @@ class Checks:
             if plan.sandbox.network == "allow":
                 from .process import netns
 
-                env, egress = {**env, **netns.environment()}, plan.sandbox.allow
+                egress = plan.sandbox.allow
+                env = {**env, **netns.environment(egress)}
         return Spec(
             run_argv,
             request.cwd,

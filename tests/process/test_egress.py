@@ -49,6 +49,7 @@ def served(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[W
         world.serve(git_repository(tmp_path_factory.mktemp("git"), git), "203.0.113.12", 80)
     for address, port in (("198.51.100.20", 80), ("10.77.0.5", 80), ("127.0.0.1", 8080)):
         world.serve(web, address, port)
+    world.serve(package_index(tmp_path_factory.mktemp("local-index")), "127.0.0.1", 8081)
     return world
 
 
@@ -186,6 +187,24 @@ def test_a_private_address_named_by_address_is_reached(served: World, tmp_path: 
     network = trial.network()
     assert [entry["address"] for entry in network["allowed"]] == ["10.77.0.5"]
     assert [entry["rule"] for entry in network["denied"]] == ["loopback"]
+
+
+def test_a_loopback_address_the_list_names_is_reached_by_ordinary_clients(served: World, tmp_path: Path) -> None:
+    """curl, urllib and pip read NO_PROXY: a listed loopback address is not in it, so they go through the proxy."""
+    if subprocess.run([COMMAND_PY, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+        pytest.skip(f"{COMMAND_PY} has no pip")
+    trial = Inside(served, tmp_path, ("--allow", "127.0.0.1:8080", "--allow", "127.0.0.1:8081"))
+    fetch = "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/hello.txt').read().decode(), end='')"
+    pip = f"{COMMAND_PY} -m pip --isolated install --no-cache-dir --disable-pip-version-check --target site"
+    pip += " --index-url http://127.0.0.1:8081/simple/ --trusted-host 127.0.0.1 trialtool-testpkg"
+    script = f'echo "$NO_PROXY"; curl -sS http://127.0.0.1:8080/hello.txt; {COMMAND_PY} -c "{fetch}"; {pip} >&2'
+    done = trial.run(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "localhost,::1\n" + "hello from web.test\n" * 2
+    assert (trial.workspace / "site" / "trialtool_testpkg.py").exists()
+    network = trial.network()
+    ports = {(entry["address"], entry["port"]) for entry in network["allowed"]}
+    assert ports == {("127.0.0.1", 8080), ("127.0.0.1", 8081)} and network["denied_count"] == 0
 
 
 def test_a_program_that_ignores_the_proxy_gets_nothing_at_once(inside: Inside) -> None:
@@ -336,3 +355,22 @@ def test_allow_is_refused_where_it_cannot_hold(tmp_path: Path) -> None:
         done = trial.call("true", flags=flags)
         assert done.returncode == 125 and words in done.stderr, done.stderr
         assert not trial.state.exists()
+
+
+@pytest.mark.parametrize(
+    ("allow", "direct"),
+    [
+        ((), "localhost,127.0.0.1,::1"),
+        (("0.0.0.0/0:*", "[::/0]:*"), "localhost,127.0.0.1,::1"),  # a broad rule opens no loopback
+        (("127.0.0.1:8080",), "localhost,::1"),
+        (("127.0.0.0/8:*",), "localhost,::1"),
+        (("[::1]:80",), "localhost,127.0.0.1"),
+        (("localhost:8080", "127.0.0.1:8080"), "::1"),
+    ],
+)
+def test_no_proxy_keeps_direct_only_the_loopback_the_list_does_not_name(allow: tuple[str, ...], direct: str) -> None:
+    from trialtool import egress
+    from trialtool.process import _netns
+
+    environment = _netns.environment(egress.canonical(list(allow)))
+    assert environment["NO_PROXY"] == environment["no_proxy"] == direct

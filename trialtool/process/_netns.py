@@ -16,13 +16,17 @@ inside bwrap's user namespace, so a short-lived child joins that first.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import select
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
+
+from .. import egress
 
 #: Where the proxy listens inside the sandbox: the namespace is the call's own, so the port is always free.
 ADDRESS = "127.0.0.1"
@@ -185,13 +189,32 @@ class CallNetwork:
         self.block_r = self.block_w = -1
 
 
-def environment() -> dict[str, str]:
-    """The variables that point pip, git, curl, npm and the like at the proxy; loopback stays the sandbox's own."""
+def environment(allow: Sequence[str]) -> dict[str, str]:
+    """The variables that point pip, git, curl, npm and the like at the proxy.
+
+    Loopback stays the sandbox's own (a server the command starts there is
+    reached directly), except where the list names it: `localhost` by name,
+    `127.0.0.1` and `::1` by an address or network of theirs. Those go through
+    the proxy, which reaches the host's loopback as the list allows; left in
+    `NO_PROXY`, curl, pip and urllib would go straight to the sandbox's own
+    loopback, where nothing listens.
+    """
     http = f"http://{ADDRESS}:{PORT}"
     socks = f"socks5h://{ADDRESS}:{PORT}"
-    local = "localhost,127.0.0.1,::1"
+    rules = egress.Rules(allow)
+    named = {
+        "localhost": "localhost" in rules.names,
+        # Only a rule lying inside loopback opens it (0.0.0.0/0 does not): the proxy's own reading.
+        "127.0.0.1": any(isinstance(net, ipaddress.IPv4Network) and net.subnet_of(_LOOP4) for net, _ in rules.networks),
+        "::1": any(network == _LOOP6 for network, _ in rules.networks),
+    }
+    local = ",".join(host for host, through_proxy in named.items() if not through_proxy)
     names = {"HTTP_PROXY": http, "HTTPS_PROXY": http, "ALL_PROXY": socks, "NO_PROXY": local}
     return {**names, **{name.lower(): value for name, value in names.items()}}
+
+
+_LOOP4 = ipaddress.IPv4Network("127.0.0.0/8")
+_LOOP6 = ipaddress.IPv6Network("::1/128")
 
 
 __all__ = ["ADDRESS", "PORT", "CallNetwork", "environment", "listener_in"]
