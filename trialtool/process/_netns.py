@@ -201,7 +201,8 @@ def environment(allow: Sequence[str]) -> dict[str, str]:
     """
     http = f"http://{ADDRESS}:{PORT}"
     socks = f"socks5h://{ADDRESS}:{PORT}"
-    rules = egress.Rules(allow)
+    # In canonical form only these texts can name loopback: parsing just them keeps a long list off every call.
+    rules = egress.Rules([text for text in allow if text.startswith(("localhost:", "127.", "[::1]"))])
     named = {
         "localhost": "localhost" in rules.names,
         # Only a rule lying inside loopback opens it (0.0.0.0/0 does not): the proxy's own reading.
