@@ -32,6 +32,12 @@ class Budget(NamedTuple):
         """True when the next call would be refused (no calls, tokens or time left)."""
         return spent(self.calls_left, self.tokens_left, self.seconds_left) is not None
 
+    @property
+    def refusal_status(self) -> str | None:
+        """The status a next call would be refused with (`maximum_tool_calls`, ...), or None while it would run."""
+        name = spent(self.calls_left, self.tokens_left, self.seconds_left)
+        return None if name is None else BUDGETS[name][0]
+
     def as_json(self) -> dict[str, Any]:
         return {**self._asdict(), "exhausted": self.exhausted}
 

@@ -55,6 +55,12 @@ class CallRequest(NamedTuple):
     caller_imports: tuple[str, ...] = ()
     #: The harness's own command, grading the agent's work: never refused or charged, recorded as grading.
     grading: bool = False
+    #: The harness's final act (mini's submission): a call while the budget lasts; once it is spent,
+    #: run once a trial instead of refused, as grading: its output is then the harness's, never the
+    #: agent's (CallResult.sequence 0 says so; Ledger.reserve says how).
+    final: bool = False
+    #: The caller's name for the call, kept in its records (the per-user server's CLI finds its call by it).
+    request_id: str | None = None
     #: How the reply is read: one of REPLIES.
     reply: str = "text"
 
@@ -76,12 +82,18 @@ class CallRequest(NamedTuple):
         read_only: Sequence[str | os.PathLike[str]] = (),
         caller_imports: Sequence[str] = (),
         grading: bool = False,
+        final: bool = False,
+        request_id: str | None = None,
         reply: str = "text",
     ) -> CallRequest:
         """A request from a caller's words, every option checked (UsageError); nothing is run or charged.
 
         `input` is bytes, or text sent as UTF-8; the rest are as the fields say.
         """
+        if request_id is not None and not (
+            isinstance(request_id, str) and 0 < len(request_id) <= 64 and request_id.isascii() and request_id.isalnum()
+        ):
+            raise UsageError("request_id must be 1 to 64 ASCII letters and digits")
         if reply not in REPLIES:
             raise UsageError(f"reply must be one of {', '.join(REPLIES)}, not {reply!r}")
         return cls(
@@ -99,6 +111,8 @@ class CallRequest(NamedTuple):
             read_only=tuple(os.path.realpath(path) for path in read_only),
             caller_imports=tuple(caller_imports),
             grading=bool(grading),
+            final=bool(final),
+            request_id=request_id,
             reply=reply,
         )
 

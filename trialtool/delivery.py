@@ -165,8 +165,13 @@ def settle(
     rank_path: str,
     started_wall: float,
     sandboxed: bool,
+    *,
+    withheld: bool = False,
 ) -> tuple[Delivery, int]:
-    """A call that ran, judged and delivered: what the agent gets and the record; and the call's exit code."""
+    """A call that ran, judged and delivered: what the agent gets and the record; and the call's exit code.
+
+    `withheld`: the caller went away before it had the output (as an interrupt without `delivers` says).
+    """
     import os
 
     argv = list(request.argv)
@@ -183,7 +188,9 @@ def settle(
         notice += verdict.hidden_path_notice(argv, outcome.stderr, os.path.exists)
     # A caller that gave up on the call (a cancelled task or request) receives nothing: nothing is charged.
     # An interrupt of the caller's own making, without `delivers`, is taken to deliver.
-    withheld = interrupt is not None and interrupt.signum is not None and not getattr(interrupt, "delivers", True)
+    withheld = withheld or (
+        interrupt is not None and interrupt.signum is not None and not getattr(interrupt, "delivers", True)
+    )
     delivered = deliver(
         outcome,
         reservation,
@@ -192,7 +199,7 @@ def settle(
         rank_path,
         started_wall,
         withheld=withheld,
-        call_fields=records.input_fields(request.stdin, request.merge_output),
+        call_fields=_call_fields(request),
         reply=request.reply,
     )
     return delivered, code
@@ -219,8 +226,16 @@ def failed(reservation: Reservation, request: CallRequest, started_wall: float, 
         at_utc=clock.utc(time.time()),
         allowance=reservation.allowance,
     )
-    record.update(records.input_fields(request.stdin, request.merge_output))
+    record.update(_call_fields(request))
     return record
+
+
+def _call_fields(request: CallRequest) -> dict[str, Any]:
+    """What a call's record says of it besides its command (records.input_fields), and the caller's name for it."""
+    fields = records.input_fields(request.stdin, request.merge_output)
+    if request.request_id is not None:
+        fields["request_id"] = request.request_id
+    return fields
 
 
 __all__ = ["Delivery", "deliver", "failed", "settle"]

@@ -78,6 +78,28 @@ class StorageError(TrialToolError, OSError):
 
     status = "storage_error"
 
+    @classmethod
+    def no_room(cls, what: str, needed: int, directory: str, capture_bytes: int) -> StorageError:
+        """The one line for a call that cannot have the room it needs (before anything is charged).
+
+        It says how much `what` needs and where, how much is free there, and the
+        setting that makes a call need less: the trial's capture cap, which sizes both
+        the spools and the record's room.
+        """
+        import os
+
+        directory = os.path.abspath(directory)
+        try:
+            info = os.statvfs(directory)
+            free = f"{info.f_bavail * info.f_frsize} bytes are free there"
+        except OSError:
+            free = "its free space cannot be read"
+        return cls(
+            f"no room on the disk: {what} needs {needed} bytes free in {directory}, and {free}; "
+            f"free some, or make the trial with a smaller --max-capture-bytes (now {capture_bytes}; "
+            "docs/bad-input.md, small disks); nothing ran and nothing is charged"
+        )
+
 
 class LockTimeout(TrialToolError, TimeoutError):
     """The ledger lock stayed held by another process past the lock timeout."""

@@ -10,6 +10,7 @@ limits and sandbox.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -156,7 +157,7 @@ class Checks:
             )
             raise UsageError(msg)
         self.preflight.check_rank_file(state)
-        _reserve_spools(self.launcher, limits.max_capture_bytes)
+        _reserve_spools(self.launcher, limits.max_capture_bytes, self.request.merge_output)
         self.sandboxed = self.contained = None
         if state.sandbox.mode == "none":
             seam.settle()
@@ -174,15 +175,22 @@ class Checks:
         self.sandboxed = (plan, tmp, hide)
 
 
-def _reserve_spools(launcher: Launcher | None, capture_bytes: int) -> None:
+def _reserve_spools(launcher: Launcher | None, capture_bytes: int, merged: bool) -> None:
     """Room for each stream's capture, taken before the call is charged: a command that
-    fills the disk its spools are on cannot then cut its own capture short."""
-    for fd in () if launcher is None else launcher.spools or ():
+    fills the disk its spools are on cannot then cut its own capture short. A merged
+    call's stderr spool stays empty: it needs none."""
+    spools = () if launcher is None else launcher.spools or ()
+    for fd in spools[:1] if merged else spools:
         try:
             reserve(fd, 0, capture_bytes)
         except OSError as exc:
-            msg = f"cannot reserve {capture_bytes} bytes for the call's output beside the state: {exc.strerror}"
-            raise StorageError(msg) from exc
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                msg = f"cannot reserve {capture_bytes} bytes for the call's output beside the state: {exc.strerror}"
+                raise StorageError(msg) from exc
+            assert launcher is not None
+            what = f"the call's output ({capture_bytes} bytes for each of {1 if merged else 2} streams)"
+            needed = capture_bytes * (1 if merged else 2)
+            raise StorageError.no_room(what, needed, launcher.spool_dir, capture_bytes) from None
 
 
 __all__ = ["Checks", "Preflight"]

@@ -8,6 +8,7 @@ holds the order of those steps and what happens when one of them fails.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -128,6 +129,16 @@ class Trial:
         """The trial's state now."""
         return self.ledger.status()
 
+    def settle_request(self, request_id: str) -> tuple[dict[str, Any] | None, Budget]:
+        """What became of the call a caller named `request_id`, once the process running it died.
+
+        Calls that process left in flight are recorded abandoned first (the ledger's recovery),
+        so the answer is final: the call's last record, or None if it was never charged; and the
+        budget now.
+        """
+        record, state = self.ledger.settle_request(request_id)
+        return record, budget.of(state)
+
     def budget(self) -> Budget:
         """What the trial has used and has left now (all of it, if it does not exist yet; nothing is created)."""
         try:
@@ -203,7 +214,7 @@ class Trial:
         `command` is an argv list, or a string run by /bin/sh -c; `options` are
         CallRequest.of's (`cwd`, `env`, `unset_env`, `clean_env`, `timeout`,
         `input`, `merge_output`, `environ`, `umask`, `rlimits`, `read_only`,
-        `caller_imports`, `grading`, `reply`: call.py says what each does).
+        `caller_imports`, `grading`, `final`, `reply`: call.py says what each does).
         TRIALTOOL_* variables never reach the command. `interrupt` stops the
         command when it fires (status `interrupted`).
         """
@@ -262,7 +273,9 @@ class Trial:
         settings = self.settings if request.environ is None else self.settings.for_caller(request.environ)
         argv = list(request.argv)
         if request.grading:
-            reservation = self.ledger.reserve_grading(settings, argv, preflight=checks, timeout=request.timeout)
+            reservation = self.ledger.reserve_grading(
+                settings, argv, preflight=checks, timeout=request.timeout, merged=request.merge_output
+            )
         else:
             reservation = self.ledger.reserve(
                 settings,
@@ -272,6 +285,9 @@ class Trial:
                 cancelled=cancelled,
                 one_at_a_time=self._preflight.one_at_a_time,
                 timeout=request.timeout,
+                final=request.final,
+                merged=request.merge_output,
+                request_id=request.request_id,
             )
         started_wall = time.time()
         started = time.monotonic()
@@ -312,9 +328,15 @@ class Trial:
     ) -> CallResult:
         rank_path = self._preflight.rank_path
         assert rank_path is not None  # set by the reservation's preflight
-        (out, err, status, record), code = delivery.settle(
-            outcome, reservation, request, interrupt, rank_path, started_wall, bool(sandboxed)
+        settle = functools.partial(
+            delivery.settle, outcome, reservation, request, interrupt, rank_path, started_wall, bool(sandboxed)
         )
+        (out, err, status, record), code = settle()
+        hand_over = getattr(interrupt, "hand_over", None)
+        if hand_over is not None and not hand_over(out.text, err.text):
+            # A caller that takes the output before the call is committed (the per-user server's CLI)
+            # went away without it: nothing was delivered, and the record must not say otherwise.
+            (out, err, status, record), code = settle(withheld=True)
         if isinstance(sandboxed, dict):
             record.update(sandboxed)  # which container ran it, or where a harness ran it
         if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)

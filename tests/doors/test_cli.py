@@ -136,7 +136,10 @@ def test_stdin_is_dev_null(trial: TrialFiles) -> None:
 def test_init_pins_limits(trial: TrialFiles) -> None:
     done = trial.cli("init", "--state", str(trial.state), "--log", str(trial.log), "--max-calls", "3")
     assert done.returncode == 0
-    assert json.loads(done.stdout)["limits"]["max_calls"] == 3
+    # One line saying what was made; the whole state with --json.
+    made = done.stdout.decode().splitlines()
+    assert len(made) == 1 and made[0].startswith("made trial: ") and "3 calls" in made[0], made
+    assert trial.state_json()["trial_id"] in made[0]
     assert trial.call("true", flags=("--max-calls", "3")).returncode == 0
     assert trial.call("true").returncode == 0
     before = trial.snapshot()
@@ -144,8 +147,9 @@ def test_init_pins_limits(trial: TrialFiles) -> None:
     assert done.returncode == 125 and "--max-calls" in one_line(done.stderr)
     assert trial.snapshot() == before
     # init again: the same trial is fine (as through the API, serve and the shim); other limits are not.
-    again = trial.cli("init", "--state", str(trial.state), "--log", str(trial.log), "--max-calls", "3")
+    again = trial.cli("init", "--json", "--state", str(trial.state), "--log", str(trial.log), "--max-calls", "3")
     assert again.returncode == 0 and json.loads(again.stdout)["trial_id"] == trial.state_json()["trial_id"]
+    assert json.loads(again.stdout)["limits"]["max_calls"] == 3
     before = trial.snapshot()
     done = trial.cli("init", "--state", str(trial.state), "--log", str(trial.log), "--max-calls", "5")
     assert done.returncode == 125 and "--max-calls 5 differs" in one_line(done.stderr)

@@ -16,13 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.conftest import TrialFiles, marked, stop_servers
+from trialtool.doors import userwire
 from trialtool.ledger._verify import verify
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the per-user server is Linux only")
@@ -32,16 +32,6 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 def trial(tmp_path: Path) -> TrialFiles:
     """The trial, without the conftest's two modes: every test here is about the server."""
     return TrialFiles(tmp_path)
-
-
-@pytest.fixture
-def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """This test's own server directory; every server in it is stopped afterwards."""
-    directory = tmp_path / "servers"
-    monkeypatch.setenv("TRIALTOOL_SERVER_DIR", str(directory))
-    monkeypatch.setenv("TRIALTOOL_SERVER", "on")
-    yield directory
-    stop_servers(directory)
 
 
 def server_pids(directory: Path) -> list[int]:
@@ -92,7 +82,7 @@ def test_a_stale_socket_is_replaced(trial: TrialFiles, servers: Path) -> None:
     stop_servers(servers)
     # A socket file left by a server that died without removing it: nothing listens there.
     with socket.socket(socket.AF_UNIX) as stale:
-        stale.bind(str(path))
+        userwire.reach(stale, str(path), bind=True)
     assert path.exists()
     done = trial.call("echo", "again")
     assert done.returncode == 0 and done.stdout == b"again\n"
@@ -103,7 +93,7 @@ def test_a_server_of_another_version_is_left_alone(trial: TrialFiles, servers: P
     servers.mkdir(mode=0o700)
     other = servers / "server-0.0.1-00000000.sock"
     with socket.socket(socket.AF_UNIX) as listener:
-        listener.bind(str(other))
+        userwire.reach(listener, str(other), bind=True)
         listener.listen()
         listener.setblocking(False)
         assert trial.call("echo", "mine").stdout == b"mine\n"
@@ -225,7 +215,7 @@ def test_the_caller_keeps_its_environment_umask_and_limits(trial: TrialFiles, se
 @pytest.mark.timeout(60)
 def test_a_signal_right_behind_the_request_is_not_lost(trial: TrialFiles, servers: Path) -> None:
     from tests.ledger.test_durability import stopped_lock_holder
-    from trialtool.doors import userclient, userwire
+    from trialtool.doors import userclient
     from trialtool.doors.options import quick
 
     assert trial.call("true").returncode == 0  # the first call starts the server
@@ -237,7 +227,7 @@ def test_a_signal_right_behind_the_request_is_not_lost(trial: TrialFiles, server
         payload = userwire.frame(userclient.request(args, ["echo", "never"]))
         with socket.socket(socket.AF_UNIX) as sock:
             sock.settimeout(30)
-            sock.connect(userwire.socket_path())
+            userwire.reach(sock, userwire.socket_path())
             sock.sendall(payload + userwire.frame({"signal": int(signal.SIGTERM)}))
             frames = userwire.Frames(sock)
             answers = []
@@ -253,12 +243,14 @@ def test_a_signal_right_behind_the_request_is_not_lost(trial: TrialFiles, server
 
 
 #: Connects to the socket argv[1], asks for the server's status, prints how many bytes came back.
+#: By its name in its directory: the whole path may be longer than a socket address can hold.
 ASK_STATUS = """
-import marshal, socket, sys
+import marshal, os, socket, sys
 message = marshal.dumps({"control": "status"})
+os.chdir(os.path.dirname(sys.argv[1]))
 with socket.socket(socket.AF_UNIX) as sock:
     sock.settimeout(30)
-    sock.connect(sys.argv[1])
+    sock.connect(os.path.basename(sys.argv[1]))
     answer = b""
     try:
         sock.sendall(len(message).to_bytes(4, "big") + message)
@@ -274,8 +266,9 @@ print(len(answer))
 def test_another_users_process_gets_no_answer(trial: TrialFiles, monkeypatch: pytest.MonkeyPatch) -> None:
     if os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists():
         pytest.skip("needs root and setpriv to connect as the user nobody")
-    # Where nobody can reach the socket's directory (the test's tmp_path is root's alone).
-    work = Path(tempfile.mkdtemp(prefix="trialtool-peer-"))
+    # Where nobody can reach the socket's directory (the test's tmp_path is root's alone, and TMPDIR
+    # may be too: a directory of our own in /var/tmp, whose parents anyone may pass through).
+    work = Path(tempfile.mkdtemp(prefix="trialtool-peer-", dir="/var/tmp"))
     servers = work / "servers"
     monkeypatch.setenv("TRIALTOOL_SERVER_DIR", str(servers))
     monkeypatch.setenv("TRIALTOOL_SERVER", "on")
@@ -313,3 +306,49 @@ def test_python_and_python3_of_one_installation_reach_one_server(trial: TrialFil
         for python in pythons
     }
     assert len(pids) == 1 and server_pids(servers) == list(pids)
+
+
+def test_the_server_runs_only_its_own_code_whatever_its_first_caller_set(
+    trial: TrialFiles, servers: Path, tmp_path: Path
+) -> None:
+    """A first caller's PYTHONPATH (a sitecustomize), PYTHONSTARTUP, LD_PRELOAD and BASH_ENV reach
+    neither the server nor the processes it starts; its command gets them, as the caller's own."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    ran = tmp_path / "ran-in"
+    (planted / "sitecustomize.py").write_text(
+        f"import os\nwith open({str(ran)!r}, 'a') as f:\n"
+        "    f.write(open('/proc/self/cmdline', 'rb').read().replace(b'\\0', b' ').decode() + '\\n')\n"
+    )
+    hostile = {
+        "PYTHONPATH": str(planted),
+        "PYTHONSTARTUP": str(planted / "sitecustomize.py"),
+        "LD_PRELOAD": str(planted / "nothing.so"),  # not there: the loader only complains, but names it
+        "BASH_ENV": str(planted / "sitecustomize.py"),
+    }
+    env = dict(os.environ, **hostile)
+    script = "echo $PYTHONPATH $LD_PRELOAD"
+    done = subprocess.run(trial.argv("--", "sh", "-c", script), capture_output=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().split() == [hostile["PYTHONPATH"], hostile["LD_PRELOAD"]]
+    # The server the first call started, serving a second call of a clean caller.
+    assert trial.call("python3", "-c", "print('clean')").stdout == b"clean\n"
+    [pid] = server_pids(servers)
+    server = psutil.Process(pid)
+    for process in [server, *server.children(recursive=True)]:
+        environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+        names = {entry.partition(b"=")[0].decode() for entry in environ if entry}
+        assert not names & set(hostile), (process.cmdline(), names)
+        assert "-I" in process.cmdline() or process.pid != pid
+    # sitecustomize ran in the first CLI process (the caller's own interpreter) and nowhere of the server's.
+    lines = ran.read_text().splitlines() if ran.exists() else []
+    assert not [line for line in lines if "userserver" in line or "forkserver" in line], lines
+
+
+def test_callers_whose_server_settings_differ_reach_servers_of_their_own(trial: TrialFiles, servers: Path) -> None:
+    """PATH says where the server finds bwrap and docker: a caller with another PATH gets another server."""
+    assert trial.call("true").returncode == 0
+    env = dict(os.environ, PATH=os.environ["PATH"] + ":/nonexistent-dir")
+    assert subprocess.run(trial.argv("--", "true"), env=env, timeout=60).returncode == 0
+    assert subprocess.run(trial.argv("--", "true"), env=env, timeout=60).returncode == 0
+    assert len(server_pids(servers)) == 2

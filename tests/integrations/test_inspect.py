@@ -187,6 +187,44 @@ def test_text_editor_runs_in_the_call_and_inspects_own_commands_are_not_charged(
     assert json.loads(Path(account["state"]).read_text())["calls"] == 2
 
 
+def test_a_tool_cannot_make_the_agents_text_inspects_own_by_its_opening_words(tmp_path: Path) -> None:
+    """A task's tool that runs the agent's text with `/bin/sh -c`: text that begins as inspect's own
+    scripts begin is still the agent's call, charged and recorded (who asked decides, not the words)."""
+    from inspect_ai.tool import tool
+
+    @tool
+    def shell() -> Any:
+        async def run(command: str) -> str:
+            """Run a shell command.
+
+            Args:
+                command: the command.
+            """
+            result = await sandbox().exec(["/bin/sh", "-c", command])
+            return result.stdout
+
+        return run
+
+    disguised = "inspect_image_path=${PATH-}\necho disguised > made.txt; echo done"
+    task = Task(
+        dataset=[Sample(id="s", input="go")],
+        solver=[use_tools(shell()), generate()],
+        sandbox=("trialtool", TrialSandboxConfig(keep_workspace=True, limits={"max_calls": 1})),
+    )
+    plan = [("shell", {"command": disguised}), ("shell", {"command": disguised})]
+    model = get_model("mockllm/model", custom_outputs=scripted_by(plan))
+    [log] = eval(task, model=model, log_dir=str(tmp_path / "logs"), display="none")
+    assert log.status == "success", log.error
+    [sample] = log.samples
+    account = sample.metadata["trialtool"]
+    records = strict_records(Path(account["log"]))
+    assert [(r["status"], r["command"][:2]) for r in records] == [
+        ("ok", ["/bin/sh", "-c"]),
+        ("maximum_tool_calls", ["/bin/sh", "-c"]),
+    ]
+    assert json.loads(Path(account["state"]).read_text())["calls"] == 1
+
+
 @scorer(metrics=[accuracy()])
 def runs_a_command() -> Any:
     """A scorer that checks the agent's work by running a command in the sample's sandbox."""

@@ -113,6 +113,37 @@ def test_the_agent_submits_after_its_budget_is_spent(tmp_path: Path, on_exhauste
     assert verify(log.with_name("state.json"), log).verdict == "clean"
 
 
+@pytest.mark.parametrize("on_exhausted", ["observe", "raise"])
+def test_a_submission_that_does_not_submit_buys_nothing_after_the_budget(tmp_path: Path, on_exhausted: str) -> None:
+    """The agent's words pick no grading run: once the budget is spent, "submitting" with more work and a
+    failing exit runs once a trial, its output reaches no observation, and the next ones are refused."""
+    marker = tmp_path / "ran"
+    sneak = f"echo {SUBMIT}; echo x >> {marker}; seq 1 30000; exit 1"
+    agent = agent_over(
+        tmp_path,
+        ["echo work", *[sneak] * 7],
+        limits={"max_calls": 1, "max_call_tokens": 100},
+        on_exhausted=on_exhausted,
+    )
+    agent.config.step_limit = 8
+    try:
+        outcome = agent.run("go")
+    finally:
+        agent.env.close()
+    assert outcome["exit_status"] == "LimitsExceeded", outcome  # the trial's, or (observe) mini's step limit
+    assert marker.read_text() == "x\n"  # it ran once
+    records = strict_records(tmp_path / "log.jsonl")
+    kinds = [(r["record_type"], r["status"], r["charged"], r.get("final")) for r in records]
+    refused = [("trial_tool_call", "maximum_tool_calls", False, None)] * (6 if on_exhausted == "observe" else 0)
+    assert kinds == [("trial_tool_call", "ok", True, None), ("trial_tool_grading", "error", False, True), *refused]
+    seen = [str(message["content"]) for message in observations(agent)]
+    assert len(seen) == (8 if on_exhausted == "observe" else 1)  # the first call's, then the refusals
+    assert not any("29999" in text or "\n2\n3\n" in text for text in seen), seen
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["calls"] == 1 and state["final_used"] is True
+    assert verify(tmp_path / "state.json", tmp_path / "log.jsonl").verdict == "clean"
+
+
 def test_submission_and_a_timeout(tmp_path: Path) -> None:
     agent = agent_over(
         tmp_path,

@@ -163,3 +163,34 @@ def test_the_room_reserved_for_a_record_is_given_back_when_no_call_needs_it(tmp_
             assert api.run(["echo", "hi"]).status == "ok"
             allocated = os.stat(files.log).st_blocks * 512
             assert allocated < os.path.getsize(files.log) + 64 * 1024, allocated
+
+
+@pytest.mark.timeout(120)
+def test_a_small_disk_says_in_one_line_what_a_call_needs_and_charges_nothing(cli_mode: str) -> None:
+    with _tmpfs("4m", "trialtool-small-") as disk:
+        files = TrialFiles(disk)
+        assert files.cli("init", "--state", str(files.state), "--log", str(files.log)).returncode == 0
+        before = files.snapshot()
+        # The default capture cap (1 MiB a stream) needs about 4.8 MB: two spools and the record's room.
+        done = files.call("echo", "hello")
+        lines = done.stderr.decode().splitlines()
+        assert done.returncode == 125, done.stderr
+        assert len(lines) == 1, lines
+        assert "needs" in lines[0] and "bytes free in" in lines[0] and "--max-capture-bytes" in lines[0], lines[0]
+        assert "nothing is charged" in lines[0]
+        assert files.snapshot() == before
+        # The small-disk setting: a smaller cap needs a fraction of the room.
+        small = TrialFiles(disk / "small")
+        small.root.mkdir()
+        done = small.call("echo", "hello", flags=("--max-capture-bytes", "262144"))
+        assert (done.returncode, done.stdout) == (0, b"hello\n"), done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_merged_call_reserves_room_for_one_stream_only(cli_mode: str) -> None:
+    with _tmpfs("4m", "trialtool-merged-") as disk:
+        files = TrialFiles(disk)
+        # 1 MiB a stream: two streams need about 4.8 MB, one about 2.4 MB, which this disk has.
+        done = files.call("sh", "-c", "echo out; echo err >&2", flags=("--merge-output",))
+        assert (done.returncode, done.stdout) == (0, b"out\nerr\n"), done.stderr
+        assert files.records()[-1]["status"] == "ok"

@@ -178,3 +178,35 @@ def test_grading_commands_are_never_refused_never_charged(tmp_path: Path) -> Non
     shown = json.loads(done.stdout)
     assert shown["grading_commands"] == 1 and shown["ended_by"] == "calls"
     assert shown["statuses"] == {"ok": 1, "maximum_tool_calls": 1}
+
+
+def test_the_final_act_runs_once_a_trial_however_many_processes_race_for_it(tmp_path: Path) -> None:
+    """`final=True` is an ordinary call while the budget lasts; once it is spent, one of eight racing
+    processes runs it (as grading, uncharged), and the seven others are refused as any call is."""
+    files = TrialFiles(tmp_path)
+    files.cli("init", "--state", str(files.state), "--log", str(files.log), "--max-calls", "1", "--sandbox", "none")
+    racer = (
+        "import sys\n"
+        "from trialtool import BudgetExhausted, Trial\n"
+        "with Trial(sys.argv[1], sys.argv[2]) as trial:\n"
+        "    try:\n"
+        "        result = trial.run(['sh', '-c', 'echo ran >> ' + sys.argv[3]], final=True)\n"
+        "    except BudgetExhausted as exc:\n"
+        "        print(exc.status)\n"
+        "    else:\n"
+        "        print('sequence', result.sequence)\n"
+    )
+    marks = tmp_path / "ran"
+    argv = [sys.executable, "-c", racer, str(files.state), str(files.log), str(marks)]
+    assert subprocess.run(argv, capture_output=True, text=True, check=True).stdout == "sequence 1\n"
+    racing = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(8)]
+    said = sorted(process.communicate(timeout=120)[0] for process in racing)
+    assert said == ["maximum_tool_calls\n"] * 7 + ["sequence 0\n"]
+    assert marks.read_text() == "ran\n" * 2
+    kinds = [(r["record_type"], r["status"], r.get("final")) for r in strict_records(files.log)]
+    assert sorted(kinds[1:], key=str) == sorted(
+        [("trial_tool_call", "maximum_tool_calls", None)] * 7 + [("trial_tool_grading", "ok", True)], key=str
+    )
+    state = json.loads(files.state.read_text())
+    assert state["calls"] == 1 and state["refused_calls"] == 7 and state["final_used"] is True
+    assert verify(files.state, files.log).verdict == "clean"

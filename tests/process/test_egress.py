@@ -96,7 +96,10 @@ def test_curl_reaches_an_allowed_host_over_http_and_https(inside: Inside) -> Non
     assert (tunnel["host"], tunnel["port"], tunnel["via"]) == ("web.test", 443, "connect")
     assert plain["received"] > len("hello from web.test\n") and tunnel["received"] > plain["received"]  # TLS
     assert tunnel["sent"] > 0 and tunnel["seconds"] >= 0 and "error" not in tunnel
+    # A plain request's bytes went upstream too: its request line and fields, as passed on.
+    assert plain["sent"] > len("GET /hello.txt HTTP/1.1\r\nHost: web.test\r\n\r\n")
     assert network["bytes_received"] == plain["received"] + tunnel["received"]
+    assert network["bytes_sent"] == plain["sent"] + tunnel["sent"]
     state = inside.files.state_json()
     assert (state["connections_allowed"], state["connections_denied"]) == (2, 0)
 
@@ -294,7 +297,7 @@ def test_report_status_and_export_carry_each_trials_denials(tmp_path: Path) -> N
     overview = json.loads(reader.cli("report", "--format", "json", str(tmp_path)).stdout)["overview"]
     assert overview["connections"] == {"trials": 2, "allowed": 0, "denied": 2, "trials_with_denials": 1}
     table = reader.cli("report", str(tmp_path)).stdout.decode()
-    assert "network: 2 trials on an allowlist; 0 connections allowed, 2 denied (in 1 trials)" in table
+    assert "network: 2 trials on an allowlist; 0 connections allowed, 2 denied (in 1 trial)" in table
     rows = {line.split()[-1]: line.split()[4] for line in table.splitlines() if line.endswith("state.json")}
     assert rows == {"a/state.json": "2", "b/state.json": "0"}, table
     out = tmp_path / "out"

@@ -415,17 +415,21 @@ def test_as_a_non_root_user_the_sandbox_holds(tmp_path: Path) -> None:
 
 
 def test_a_program_on_the_hosts_tmp_not_found_says_why(box: Sandboxed) -> None:
-    """A venv made in the host's /tmp (the test's own directory there): the sandbox has a /tmp of its own.
-    Not found, as before, and now a line that says where it is and how to make it visible."""
-    tool = box.root / "venv" / "bin" / "tool"
-    tool.parent.mkdir(parents=True)
-    tool.write_text("#!/bin/sh\necho hi\n")
-    tool.chmod(0o755)
-    assert str(tool).startswith("/tmp/"), "the test's directory is expected on the host's /tmp"
-    for done in (box.call(str(tool)), box.sh(str(tool))):
-        assert done.returncode == 127, done.stderr
-        assert f"{tool} is on the host's /tmp, which the sandbox does not show" in done.stderr, done.stderr
-        assert "--writable" in done.stderr
-    missing = box.call(str(box.root / "venv" / "bin" / "nothing-there"))
-    assert missing.returncode == 127 and "host's /tmp" not in missing.stderr  # nowhere on the host either
-    assert box.sh("exit 127").returncode == 127
+    """A venv made in the host's /tmp (a directory of the test's own there, wherever TMPDIR points): the
+    sandbox has a /tmp of its own. Not found, as before, and a line that says where it is and how to make
+    it visible."""
+    mine = Path(tempfile.mkdtemp(prefix="trialtool-host-tmp-", dir="/tmp"))
+    try:
+        tool = mine / "venv" / "bin" / "tool"
+        tool.parent.mkdir(parents=True)
+        tool.write_text("#!/bin/sh\necho hi\n")
+        tool.chmod(0o755)
+        for done in (box.call(str(tool)), box.sh(str(tool))):
+            assert done.returncode == 127, done.stderr
+            assert f"{tool} is on the host's /tmp, which the sandbox does not show" in done.stderr, done.stderr
+            assert "--writable" in done.stderr
+        missing = box.call(str(mine / "venv" / "bin" / "nothing-there"))
+        assert missing.returncode == 127 and "host's /tmp" not in missing.stderr  # nowhere on the host either
+        assert box.sh("exit 127").returncode == 127
+    finally:
+        shutil.rmtree(mine)

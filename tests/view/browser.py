@@ -32,7 +32,10 @@ def chromium() -> str | None:
 
 class Browser:
     def __init__(self, binary: str) -> None:
-        self.profile = tempfile.mkdtemp(prefix="trialtool-chromium-")
+        # Chromium puts its singleton socket under TMPDIR; a TMPDIR too deep for a socket's path
+        # would end it at start, so it gets a short directory of its own, which it uses as TMPDIR too.
+        base = tempfile.gettempdir()
+        self.profile = tempfile.mkdtemp(prefix="trialtool-chromium-", dir=base if len(base) < 48 else "/tmp")
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
         argv = [
@@ -66,6 +69,7 @@ class Browser:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env={**os.environ, "TMPDIR": self.profile},
         )
         os.close(to_browser_r)
         os.close(from_browser_w)

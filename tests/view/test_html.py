@@ -73,7 +73,7 @@ def test_the_report_renders_offline_without_errors(page: Path, browser: Browser,
     assert len(failed) == 1 and failed[0].startswith("failed: line 4") and "chain broken" in failed[0], failed
     legend = browser.evaluate("document.getElementById('legend').textContent")
     assert "other rules" in legend and "failed" in legend
-    assert "fairness: 1 trials differ" in browser.evaluate("document.getElementById('overview-list').textContent")
+    assert "fairness: 1 trial differs" in browser.evaluate("document.getElementById('overview-list').textContent")
     # Open the first trial of the majority: its burn-down, its timeline, its calls with what the agent read.
     browser.evaluate("document.querySelectorAll('#trials tbody tr.trial')[1].click()")
     assert browser.evaluate("document.querySelectorAll('.detail .js-plotly-plot .main-svg').length") >= 2

@@ -96,7 +96,7 @@ def test_scores_are_joined_to_usage(bench: Path, tmp_path: Path) -> None:
 
 def test_the_table_csv_and_markdown(bench: Path, tmp_path: Path) -> None:
     table = cli("report", str(bench)).stdout.decode()
-    assert table.startswith("6 trials\nfairness: 1 trials differ") and "d/s.json" in table
+    assert table.startswith("6 trials\nfairness: 1 trial differs") and "d/s.json" in table
     rows = list(csv.DictReader(io.StringIO(cli("report", "--format", "csv", str(bench)).stdout.decode())))
     assert len(rows) == 6 and rows[0]["trial"] == "d/s.json" and rows[0]["max_calls"] == "10"
     markdown = cli("report", "--format", "markdown", str(bench)).stdout.decode()
@@ -262,3 +262,10 @@ def test_output_through_a_symlink_replaces_what_it_points_to(bench: Path, tmp_pa
     directory.mkdir()
     refused = cli("report", str(bench), "--format", "csv", "-o", str(directory))
     assert refused.returncode == 125 and refused.stderr.count(b"\n") == 1 and b"directory" in refused.stderr
+
+
+def test_one_trial_is_counted_as_one(tmp_path: Path) -> None:
+    make_trials(tmp_path, "a", ["echo hi"], {"max_calls": 3})
+    done = cli("report", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().splitlines()[0] == "1 trial"

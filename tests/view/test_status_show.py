@@ -239,3 +239,14 @@ def test_a_csv_cell_that_starts_like_a_formula_is_text(files: TrialFiles, tmp_pa
     texts = [row[name] for row in rows for name in row if name and "stdout" in name and row[name]]
     assert any(text.startswith("'=HYPERLINK(") for text in texts), texts
     assert not any(text.startswith(("=", "+")) for text in texts)
+
+
+def test_status_without_a_state_file_says_so_in_one_line(files: TrialFiles) -> None:
+    make_trial(files.state, files.log, ["echo hi"], {"max_calls": 3})
+    files.state.unlink()
+    before = files.snapshot()
+    done = files.cli("status", "--state", str(files.state), "--log", str(files.log))
+    assert (done.returncode, done.stdout) == (125, b""), done.stdout
+    (line,) = done.stderr.decode().splitlines()
+    assert line.startswith(f"trial-tool: no such state file: {files.state}"), line
+    assert files.snapshot() == before

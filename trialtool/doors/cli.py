@@ -248,9 +248,21 @@ def _run(argv: list[str]) -> int:
 
     from .fromflags import trial_of
 
+    existed = os.path.lexists(args.state)
     state = trial_of(args).init()
-    print(json.dumps(describe(state), indent=2, sort_keys=True))
+    print(json.dumps(describe(state), indent=2, sort_keys=True) if args.json else _made(state, args.state, existed))
     return 0
+
+
+def _made(state: TrialState, path: str, existed: bool) -> str:
+    """What `init` made, in one line: the trial, where, and the limits it pinned."""
+    limits, sandbox = state.limits, state.sandbox
+    what = "trial already made, same limits" if existed else "made trial"
+    return (
+        f"{what}: {state.trial_id} at {path}: {limits.max_calls} calls, {limits.max_tokens} tokens "
+        f"({limits.max_call_tokens} a call), {limits.trial_timeout:g} s ({limits.call_timeout:g} s a call), "
+        f"sandbox {sandbox.mode} (network {sandbox.network}); `trial-tool status` shows it all"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -67,6 +67,7 @@ def request_of(
     umask: int | None = None,
     rlimits: Sequence[Sequence[int]] | None = None,
     caller_imports: Sequence[str] = (),
+    request_id: str | None = None,
 ) -> CallRequest:
     """The call the flags ask for, of `command` with `stdin`; the rest is the caller's, when it is not
     this process (the per-user server's callers): its working directory, environment, umask, limits
@@ -87,6 +88,7 @@ def request_of(
         umask=umask,
         rlimits=rlimits,
         caller_imports=caller_imports,
+        request_id=request_id,
     )
 
 

@@ -37,6 +37,9 @@ def status(args: Arguments, key: bytes | None) -> int:
     from ..view import render
     from ..view.summary import summarize
 
+    if not os.path.lexists(args.state) and os.path.lexists(args.log):
+        # What is left of a budget is the state's to say; a log alone cannot (verify and show read it).
+        raise StateError(f"no such state file: {args.state}; its log is there: `trial-tool verify` checks it")
     summary = summarize(args.state, args.log, key, now=True)
     if args.json:
         print(json.dumps(_status_document(summary), indent=2))

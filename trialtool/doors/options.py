@@ -44,7 +44,7 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
         None,
         "file holding the ledger key (else $TRIALTOOL_LEDGER_KEY)",
     ),
-    ("--json", "json", "switch", ("verify", "status", "show"), None, "print JSON instead of text"),
+    ("--json", "json", "switch", ("verify", "status", "show", "init"), None, "print JSON instead of text"),
     ("--strict", "strict", "switch", ("verify", "report"), None, "exit non-zero for any trial that is not clean"),
     ("--heads", "heads", "text", _MANY, None, "trial_id and head the harness was given, CSV or JSONL"),
     ("--expect-head", "expect_head", "text", ("verify",), None, "the chain head the harness was last given"),

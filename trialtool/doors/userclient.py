@@ -27,7 +27,7 @@ import os
 import sys
 
 from ..errors import TrialToolError
-from .userwire import SERVER_ENV, Frames, frame, socket_path
+from .userwire import SERVER_ENV, Frames, frame, reach, server_environment, socket_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -44,14 +44,10 @@ def wanted(environ: Any = os.environ) -> bool:
     return sys.platform.startswith("linux") and bool(environ.get(SERVER_ENV, "on") != "off")
 
 
-#: The longest path a Unix socket can have (sun_path, less its NUL).
-_MAX_SOCKET_PATH = 107
-
-
 def _connect(path: str) -> Any:
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        sock.connect(path)
+        reach(sock, path)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         return None
@@ -95,16 +91,16 @@ def _start(path: str, lock: int) -> None:
         os.unlink(path)  # a stale socket of a server that is gone
     except FileNotFoundError:
         pass
-    # -P: the caller's working directory (perhaps a workspace a command can write) is not put on
-    # the server's import path.
-    argv = [sys.executable, "-P", "-m", "trialtool.doors.userserver", path]
+    # -I (isolated): no PYTHON* variable, user site or working directory (perhaps a workspace a
+    # command can write) decides what the server imports; and it gets only the environment it keeps.
+    argv = [sys.executable, "-I", "-m", "trialtool.doors.userserver", path]
     # A descriptor dup'd onto itself may keep close-on-exec: hand over a copy numbered above 3.
     spare = os.dup(lock) if lock == 3 else -1
     try:
         os.posix_spawn(
             sys.executable,
             argv,
-            os.environ,
+            server_environment(os.environ),
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
@@ -121,8 +117,6 @@ def _start(path: str, lock: int) -> None:
 def control(action: str) -> dict[str, Any] | None:
     """Ask the running server for its status, or to stop; None when none is running."""
     path = socket_path()
-    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
-        return None  # no server can listen there
     sock = _connect(path)
     if sock is None:
         os.close(_start_lock(path))  # a server being started: once it listens
@@ -158,7 +152,9 @@ def _wait_gone(pid: int, timeout: float = 60.0) -> None:
         os.close(watch)
 
 
-def request(args: Arguments, command: list[str], stdin: bytes | None = None) -> dict[str, Any]:
+def request(
+    args: Arguments, command: list[str], stdin: bytes | None = None, request_id: str | None = None
+) -> dict[str, Any]:
     """The call as the server takes it: flags with paths made absolute, this process's own settings, the input."""
     import resource
 
@@ -186,6 +182,8 @@ def request(args: Arguments, command: list[str], stdin: bytes | None = None) -> 
         "stdin": stdin,
         # What this process runs and imports: kept from the command like the server's own.
         "imports": [sys.executable, sys.prefix, sys.exec_prefix, *sys.path],
+        # The call's name in its records: should the server die, this process finds out what became of it.
+        "request_id": request_id,
     }
 
 
@@ -221,16 +219,15 @@ def _next(frames: Frames, wake_r: int) -> dict[str, Any] | None:
 def call(args: Arguments, command: list[str], stdin: bytes | None = None) -> int | None:
     """Run the call through the server; write what it delivered; its exit code.
 
-    None when this process has just started the server, or the server found this
-    process of another world than its own: the call is then the caller's to run
-    in its own process.
+    None when this process has just started the server, the server found this process
+    of another world than its own, or went away twice before taking the call: the call
+    is then the caller's to run in its own process.
     """
     path = socket_path()
-    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
-        return None  # a server directory too deep for a socket: calls run in process
-    payload = frame(request(args, command, stdin))
+    request_id = os.urandom(16).hex()
+    payload = frame(request(args, command, stdin, request_id))
     wake_r = -1
-    for attempt in range(2):
+    for _ in range(2):
         sock = connect(path)
         if sock is None:
             return None
@@ -250,25 +247,86 @@ def call(args: Arguments, command: list[str], stdin: bytes | None = None) -> int
             frames = Frames(sock)
             accepted = _next(frames, wake_r)
             if accepted is None:
-                # The server went away before taking the call (an idle exit racing us): nothing ran.
-                if attempt == 0:
-                    continue
-                raise TrialToolError("the trial-tool server closed the connection before taking the call")
+                # The server went away before taking the call (an idle exit racing us, a kill): nothing
+                # ran. Tried once more; then the call is this process's to run.
+                continue
             if "other_world" in accepted:
                 return None  # the server runs calls only for its own world: this one runs here
             if "exit" in accepted:
                 return write_answer(accepted, as_json=args.json)
-            result = _next(frames, wake_r)
-            if result is None:
-                msg = (
-                    "the trial-tool server died during the call; the call stays charged and the next call "
-                    "records it as abandoned"
-                )
-                raise TrialToolError(msg)
-            return write_answer(result, as_json=args.json)
+            return _answer(args, frames, wake_r, request_id, _peer_pid(sock))
         finally:
             sock.close()
-    raise TrialToolError("the trial-tool server could not be reached")
+    return None  # twice gone before taking the call: it runs here
+
+
+def _peer_pid(sock: Any) -> int:
+    """The server's pid, as the kernel says (SO_PEERCRED: pid, uid, gid)."""
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    return int.from_bytes(raw[:4], sys.byteorder)
+
+
+def _answer(args: Arguments, frames: Frames, wake_r: int, request_id: str, server: int) -> int:
+    """The rest of a call the server took: its output held, then the answer once the call is committed.
+
+    The server hands the output over before it commits the call (RemoteInterrupt.hand_over), so
+    the record says delivered only what this process holds; this process writes it only once the
+    call is committed. Should the server die meanwhile, what became of the call is read from the
+    trial itself (`_orphaned`): what this process writes and the records then agree.
+    """
+    held: dict[str, Any] | None = None
+    while True:
+        message = _next(frames, wake_r)
+        if message is None:
+            return _orphaned(args, request_id, held, server)
+        if "held" not in message:
+            break
+        held = message["held"]
+        try:
+            frames.sock.sendall(frame({"got": True}))
+        except OSError:
+            return _orphaned(args, request_id, held, server)
+    if "result" in message and held is not None:
+        message["result"].update(held)
+    return write_answer(message, as_json=args.json)
+
+
+def _orphaned(args: Arguments, request_id: str, held: dict[str, Any] | None, server: int) -> int:
+    """The call's end once its server died: its record, read (after the recovery) from the trial's own files."""
+    _wait_gone(server, timeout=30.0)
+    from ..errors import BudgetExhausted
+    from .fromflags import trial_of
+
+    died = "the trial-tool server died during the call"
+    with trial_of(args, origin=os.getcwd()) as trial:
+        try:
+            record, budget = trial.settle_request(request_id)
+        except TrialToolError as exc:
+            raise TrialToolError(f"{died}, and the trial cannot say how it ended: {exc.message}") from exc
+    if record is None:
+        raise TrialToolError(f"{died}, before it was charged: nothing ran and nothing is charged")
+    status = record.get("status")
+    if status == "abandoned":
+        raise TrialToolError(f"{died}: it stays charged, recorded abandoned; nothing was delivered")
+    if record.get("charged") is False and record.get("record_type") == "trial_tool_call":
+        refused = BudgetExhausted(f"call refused: {record.get('error')}", str(status))
+        answer = {"exit": refused.exit_code, "error": refused.message, "error_json": refused.as_json()}
+        return write_answer(answer, as_json=args.json)
+    if held is None or status == "trial_tool_error":
+        raise TrialToolError(f"{died}; its record says: {record.get('error') or status}")
+    # Committed as delivered to this process, which holds the output: written as the server would have.
+    result = {
+        "sequence": record.get("sequence") or 0,
+        "status": status,
+        "exit_code": record.get("return_code"),
+        **held,
+        "delivered_tokens": record.get("delivered_emitted_tokens"),
+        "allowance": record.get("allowance_tokens"),
+        "output_truncated": record.get("output_truncated"),
+        "budget": budget.as_json(),
+        "head": budget.head,
+    }
+    return write_answer({"exit": int(record.get("return_code") or 0), "result": result}, as_json=args.json)
 
 
 def write_json(shown: dict[str, Any]) -> None:

@@ -20,8 +20,13 @@ caller. A caller's SIGINT, SIGTERM or SIGHUP arrives as a message and stops
 the call as it would in-process (recorded `interrupted`, delivered); a caller
 that goes away (SIGKILLed) stops the call, which is then recorded `interrupted`
 and withheld, since no one is left to deliver to. If this server dies during a
-call, its supervisors stop their trees (their parent-death signal), the caller
-exits 125, and the next call records the call `abandoned`.
+call, its supervisors stop their trees (their parent-death signal), and the
+caller, once the server is gone, settles the call itself: it finds the call's
+record by its request id (recording it `abandoned` if it was reserved and never
+committed), says which of "not charged", "charged, abandoned" or "delivered"
+happened, and exits 125 unless it holds the output to deliver. The output is
+handed to the caller before the record is committed, so a record never claims
+a delivery the caller did not get.
 """
 
 from __future__ import annotations
@@ -41,22 +46,44 @@ from ..osio import make_undumpable
 from . import world
 from .fromflags import request_of, trial_of, trial_settings
 from .options import Arguments
-from .userwire import IDLE_ENV, Frames, frame
+from .userwire import IDLE_ENV, Frames, frame, reach
 
 #: Longest request line: argv and environment, generously.
 MAX_REQUEST = 64 << 20
 DEFAULT_IDLE = 300.0
 
 
-class RemoteInterrupt:
-    """A call's stop button pressed by its caller over the socket (the Interrupt protocol)."""
+#: Seconds a caller has to say it holds a call's output before the call is recorded as withheld.
+HAND_OVER_SECONDS = 60.0
 
-    def __init__(self) -> None:
+
+class RemoteInterrupt:
+    """A call's stop button pressed by its caller over the socket (the Interrupt protocol), and the
+    hand-over of its output (`hand_over`), which Trial makes before it commits the call."""
+
+    def __init__(self, conn: socket.socket) -> None:
         self.signum: int | None = None
         self.delivers = True
         #: Set once the call has its answer: a later EOF from the caller means nothing then.
         self.finished = False
         self.fd, self._write_fd = os.pipe()
+        self._conn = conn
+        #: The caller holds the output (it said `got`); `settled` once it did, or went away.
+        self.got = threading.Event()
+        self.settled = threading.Event()
+
+    def hand_over(self, stdout: str, stderr: str) -> bool:
+        """Send the call's output to the caller, before the call is committed; whether the caller has it.
+
+        The record then says delivered only what the caller holds: if this server dies before it
+        commits, the caller finds the call abandoned (nothing delivered) and writes nothing.
+        """
+        try:
+            self._conn.sendall(frame({"held": {"stdout": stdout, "stderr": stderr}}))
+        except OSError:
+            return False
+        self.settled.wait(HAND_OVER_SECONDS)
+        return self.got.is_set()
 
     @property
     def reason(self) -> str:
@@ -82,7 +109,7 @@ class UserServer:
         self.path = path
         self.idle = idle
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
+        reach(self.listener, path, bind=True)
         os.chmod(path, 0o600)
         #: The socket file's inode: its name is removed on leaving only while it is still ours.
         self.inode = os.stat(path).st_ino
@@ -173,7 +200,7 @@ class UserServer:
         if "control" in request:
             conn.sendall(frame(self._control(request["control"])))
             return
-        interrupt = RemoteInterrupt()
+        interrupt = RemoteInterrupt(conn)
         conn.sendall(frame({"accepted": True}))
         # The caller's later messages and its going away, read beside the call.
         watcher = threading.Thread(target=_watch, args=(frames, interrupt), daemon=True)
@@ -224,12 +251,16 @@ class UserServer:
                 umask=request["umask"],
                 rlimits=request["rlimits"],
                 caller_imports=[str(path) for path in request.get("imports") or ()],
+                request_id=request.get("request_id"),
             )
             result = trial.call(call, interrupt=interrupt)
         except Exception as exc:  # reported to the caller; not a TrialToolError: the server's own failure
             error = exc if isinstance(exc, TrialToolError) else TrialToolError(f"the server failed: {exc!r}")
             return {"exit": error.exit_code, "error": error.message, "error_json": error.as_json()}
-        return {"exit": result.exit_code, "result": result.as_json()}
+        shown = result.as_json()
+        if interrupt.got.is_set():  # the caller holds the streams already (RemoteInterrupt.hand_over)
+            del shown["stdout"], shown["stderr"]
+        return {"exit": result.exit_code, "result": shown}
 
     def _trial(self, args: Arguments, request: dict[str, Any]) -> Any:
         """The Trial for these flags, kept for the next call with the same ones (its log stays trusted)."""
@@ -276,11 +307,15 @@ def _watch(frames: Frames, interrupt: RemoteInterrupt) -> None:
             while (message := frames.pop()) is not None:
                 if isinstance(message.get("signal"), int):
                     interrupt.fire(message["signal"], delivers=True)
+                elif message.get("got") is True:
+                    interrupt.got.set()
+                    interrupt.settled.set()
             if not frames.feed():
                 break
     except (OSError, ValueError, EOFError, TypeError):
         pass
     # EOF: the caller closed its end, having its answer, or having died; only the latter matters.
+    interrupt.settled.set()
     interrupt.fire(signal.SIGTERM, delivers=False)
 
 

@@ -54,15 +54,50 @@ def framework_directory_script() -> str:
 _OWN_PREAMBLE = f"{IMAGE_PATH_VARIABLE}=${{PATH-}}"
 
 
+#: inspect's modules that issue commands on its own behalf (its sample setup, its tools' installation,
+#: its framework directory): their calls reach the sandbox through these, and a tool's never does.
+_OWN_MODULES = frozenset(
+    {
+        "inspect_ai.util._sandbox._privileged",
+        "inspect_ai.util._sandbox._framework_directory",
+        "inspect_ai.util._sandbox.context",
+    }
+)
+#: Frames looked through for one of them: inspect's own wrappers (its event-recording proxy) sit between.
+_DEPTH = 32
+
+
 def inspects_own(cmd: list[str]) -> bool:
-    """Whether `cmd` is inspect's own plumbing rather than a tool's call: not charged, not recorded."""
+    """Whether `cmd` is inspect's own plumbing rather than a tool's call: not charged, not recorded.
+
+    Decided by who asked, never by what the command says: a tool that runs the agent's text as
+    `/bin/sh -c TEXT` must not make it uncharged by starting TEXT as inspect's scripts start.
+    The exec must come from one of inspect's own modules (found on the caller's frames, where
+    `await` leaves them: the coroutine that awaits an exec is on the stack while it runs), and
+    the command must be one of its preambles besides.
+    """
     # Its privileged scripts all begin the same way; its framework directory's script is one text.
-    return (
+    shaped = (
         len(cmd) >= 3
         and cmd[0] == SHELL_PATH
         and cmd[1] == "-c"
         and (cmd[2].startswith(_OWN_PREAMBLE) or cmd[2] == framework_directory_script())
     )
+    return shaped and _issued_by_inspect()
+
+
+def _issued_by_inspect() -> bool:
+    import sys
+    from types import FrameType
+
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_DEPTH):
+        if frame is None:
+            return False
+        if frame.f_globals.get("__name__") in _OWN_MODULES:
+            return True
+        frame = frame.f_back
+    return False
 
 
 #: The tools whose calls go to inspect's tools server (a shell kept between calls, remote processes).

@@ -70,25 +70,31 @@ class TrialEnvironment(LocalEnvironment):
         timeout = timeout or self.config.timeout
         run, options = self._call(command, cwd)
         options["timeout"] = float(timeout) if timeout else None
-        submits = _submits(command)
         try:
-            # The agent's spent budget does not take away its submission: it runs as the harness's
-            # own (recorded as grading, uncharged), and its output ends the run as `Submitted`.
-            grading = submits and self.trial.budget().exhausted
-            result = self.trial.run(run, merge_output=self.config.merge_output, grading=grading, **options)
+            # mini's submission is the harness's final act: a call like any other while the budget
+            # lasts; once it is spent, run once a trial instead of refused (Ledger.reserve's `final`).
+            result = self.trial.run(run, merge_output=self.config.merge_output, final=_submits(command), **options)
         except BudgetExhausted as exc:
-            if submits:  # spent meanwhile (another process of the trial): submitted all the same
-                result = self.trial.run(run, merge_output=self.config.merge_output, grading=True, **options)
-                return self._observed(result)
-            if self.config.on_exhausted == "raise":
-                kind = TimeExceeded if exc.status == "task_timeout_seconds" else LimitsExceeded
-                status = kind.__name__
-                extra = {"exit_status": status, "submission": "", "trial_tool": {"refusal": exc.status}}
-                raise kind({"role": "exit", "content": status, "extra": extra}) from exc
-            return self._not_run(exc)
+            return self._spent(exc.status, exc)
         except TrialToolError as exc:
             return self._not_run(exc)
-        return self._observed(result)
+        observation = self._observed(result)  # mini's submission ends the run here (Submitted)
+        if result.sequence == 0:
+            # The final act ran and did not submit: what it printed is for graders (the log keeps
+            # it), never more work for the agent, which is told the budget is spent.
+            status = result.budget.refusal_status or "maximum_tool_calls"
+            why = f"the budget is spent, and the submission did not submit (exit status {result.exit_code})"
+            return self._spent(status, BudgetExhausted(why, status))
+        return observation
+
+    def _spent(self, status: str, exc: TrialToolError) -> dict[str, Any]:
+        """A spent budget, as mini's own limits end a run (`on_exhausted: raise`), or as the model reads it."""
+        if self.config.on_exhausted == "raise":
+            kind = TimeExceeded if status == "task_timeout_seconds" else LimitsExceeded
+            name = kind.__name__
+            extra = {"exit_status": name, "submission": "", "trial_tool": {"refusal": status}}
+            raise kind({"role": "exit", "content": name, "extra": extra}) from exc
+        return self._not_run(exc)
 
     def _call(self, command: str, cwd: str) -> tuple[Any, dict[str, Any]]:
         """What the trial runs for mini's `command`, and its options: here, the command in `cwd` on this machine."""
@@ -192,8 +198,9 @@ SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 def _submits(command: Any) -> bool:
     """Whether `command` is mini's submission: it begins by printing mini's submission line.
 
-    What follows that `echo` (mini's prompts add `git diff` to show the work) runs too,
-    uncharged, once: the run ends with it, and its record is there for graders to read.
+    What follows that `echo` (mini's prompts add `git diff` to show the work) runs too. Once
+    the budget is spent it runs as the harness's final act, once a trial: uncharged, within
+    the call timeout, its output the run's result and never the model's; a second is refused.
     """
     text = command if isinstance(command, str) else ""
     return text.lstrip().startswith((f"echo {SUBMIT}", f"echo '{SUBMIT}'", f'echo "{SUBMIT}"'))

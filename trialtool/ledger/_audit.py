@@ -111,6 +111,33 @@ def append(path: str, record: dict[str, Any], head: LogHead, chain: Chain, *, cl
     return LogHead(head.records + 1, size, hasher.hexdigest(), head.bytes)
 
 
+def find_request(path: str, request_id: str, upto: int) -> dict[str, Any] | None:
+    """The last record of the log's first `upto` bytes that names `request_id`, read from the end.
+
+    For the rare moment a CLI outlives the server that ran its call (doors/userclient.py): the
+    records a recovery appends are last, so the search is short however long the log is.
+    """
+    needle = json.dumps(request_id).encode()
+    with open(path, "rb") as handle:
+        end, rest = upto, b""
+        while end > 0:
+            start = max(0, end - (1 << 20))
+            handle.seek(start)
+            chunk = handle.read(end - start) + rest
+            lines = chunk.split(b"\n")
+            rest = lines.pop(0) if start > 0 else b""  # a line begun before this chunk: read with the next
+            for line in reversed(lines):
+                if needle in line:
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(record, dict) and record.get("request_id") == request_id:
+                        return record
+            end = start
+    return None
+
+
 class Tail(NamedTuple):
     """What the log holds at and after the point the state knows."""
 
@@ -165,4 +192,4 @@ def read_tail(path: str, head: LogHead, chain: Chain) -> Tail:
     return Tail(json.loads(known[head.last_offset : -1]), extra)
 
 
-__all__ = ["GENESIS", "Chain", "LogHead", "Tail", "append", "encode", "read_tail"]
+__all__ = ["GENESIS", "Chain", "LogHead", "Tail", "append", "encode", "find_request", "read_tail"]

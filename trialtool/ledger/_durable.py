@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 
+class NoRoom(OSError):
+    """The disk (or the user's quota) has not the room asked for: ENOSPC or EDQUOT."""
+
+
 def _fail(step: str, path: str, exc: OSError) -> StorageError:
     reason = exc.strerror or str(exc)
     return StorageError(f"cannot {step} {path}: {reason}")
@@ -228,8 +232,8 @@ def reserve_tail(path: str, size: int) -> None:
     """Allocate `size` bytes past the end of `path` (created if missing), without changing its size.
 
     A later append of up to that much then needs no new blocks: a command that
-    fills the disk meanwhile cannot starve it. StorageError if the space is not
-    there now.
+    fills the disk meanwhile cannot starve it. NoRoom if the space is not there
+    now (the caller says what needed it), StorageError for any other failure.
     """
     try:
         fd = open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -238,6 +242,8 @@ def reserve_tail(path: str, size: int) -> None:
     try:
         reserve(fd, os.fstat(fd).st_size, size)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoRoom(exc.errno, exc.strerror) from exc
         raise _fail("reserve space for the call's record in", path, exc) from exc
     finally:
         os.close(fd)
@@ -306,6 +312,7 @@ def preflight_append(path: str) -> None:
 
 
 __all__ = [
+    "NoRoom",
     "append",
     "atomic_write",
     "check_regular",

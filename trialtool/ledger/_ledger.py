@@ -86,6 +86,17 @@ class Ledger:
         #: as abandoned although their owner, this process, lives on.
         self._abandoned: set[int] = set()
 
+    def settle_request(self, request_id: str) -> tuple[dict[str, Any] | None, TrialState]:
+        """After the process that ran a call died: what it left in flight recovered, and `request_id`'s record.
+
+        None: no record names it, and nothing of it is in flight: it was never charged.
+        """
+        with self._lock():
+            state = self.store.open(None, create=False)
+            mending.recover_abandoned(self.store, state, self._abandoned, self._stop_leftovers)
+        state.elapsed_seconds = state.elapsed()
+        return audit.find_request(self.log_path, request_id, state.log.bytes), state
+
     def abandon(self, sequence: int) -> None:
         """Give up on a reserved call; the next reservation records it as abandoned."""
         if sequence:  # 0: a grading command, never in flight
@@ -143,6 +154,9 @@ class Ledger:
         cancelled: Callable[[], None] | None = None,
         one_at_a_time: Callable[[TrialState], bool] | None = None,
         timeout: float | None = None,
+        final: bool = False,
+        request_id: str | None = None,
+        merged: bool = False,
     ) -> Reservation:
         """Charge a call and reserve its allowance, or log a refusal and raise BudgetExhausted.
 
@@ -155,6 +169,12 @@ class Ledger:
         no other call is in flight: a sandbox whose trial files sit in a writable
         path needs the state left alone while a command runs (process/bwrap.py).
         `timeout` (seconds) shortens the call's deadline (reservation.deadline).
+        `final`: the harness's final act (mini's submission, say). While the budget lasts it is a
+        call like any other; once a budget is spent it runs instead of being refused, once a trial,
+        as a grading command: uncharged, bounded by the call timeout, its output the harness's
+        alone. The state keeps that it ran (`final_used`); a later one is refused as any call.
+        `request_id`, the caller's name for the call, is kept in flight and in its records.
+        `merged`: the call's stderr goes to its stdout, so its record needs room for one stream.
         """
         self.directories()
         wait_until: float | None = None
@@ -182,14 +202,18 @@ class Ledger:
                                 "maximum_emitted_tokens",
                                 f"every unspent token stayed held by calls in flight ({FLAG_OF['max_tokens']})",
                             )
+                    if refusal is not None and final and not state.final_used:
+                        self._room_for_record(state, command, merged)
+                        state.final_used = True
+                        self.store.write(state)
+                        return reservation_of.grading(state, timeout, final=True)
                     if refusal is not None:
-                        self._refuse(state, command, refusal)
+                        self._refuse(state, command, refusal, request_id)
                     if cancelled is not None:
                         cancelled()
                     if unreserved > 0:
-                        return self._charge(
-                            state, command, min(limits.max_call_tokens, unreserved), supervisor, timeout
-                        )
+                        allowance = min(limits.max_call_tokens, unreserved)
+                        return self._charge(state, command, allowance, supervisor, timeout, request_id, merged)
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
 
@@ -242,7 +266,9 @@ class Ledger:
             raise LockTimeout(msg)
         return True
 
-    def _refuse(self, state: TrialState, command: list[str], refusal: tuple[str, str]) -> None:
+    def _refuse(
+        self, state: TrialState, command: list[str], refusal: tuple[str, str], request_id: str | None = None
+    ) -> None:
         status, reason = refusal
         state.refused_calls += 1
         record = records.refusal(
@@ -254,18 +280,36 @@ class Ledger:
             at_utc=clock.utc(time.time()),
             wall_elapsed=state.elapsed_seconds,
         )
+        if request_id is not None:
+            record["request_id"] = request_id
         self.store.append(state, record)
         self.store.write(state)
         raise BudgetExhausted(f"call refused: {reason}", status)
 
+    def _room_for_record(self, state: TrialState, command: list[str], merged: bool) -> None:
+        """Room in the log for every call in flight's record, this one's included, taken now:
+        a command that fills the disk cannot then keep its own call from being recorded."""
+        capture = state.limits.max_capture_bytes
+        bound = records.size_bound(capture, command, state.sandbox.network == "allow", 1 if merged else 2)
+        needed = bound * (len(state.in_flight) + 1)
+        try:
+            durable.reserve_tail(self.log_path, needed)
+        except durable.NoRoom:
+            what = "the call's record (at its largest, for each call in flight)"
+            raise StorageError.no_room(what, needed, os.path.dirname(self.log_path) or ".", capture) from None
+
     def _charge(
-        self, state: TrialState, command: list[str], allowance: int, supervisor: int | None, timeout: float | None
+        self,
+        state: TrialState,
+        command: list[str],
+        allowance: int,
+        supervisor: int | None,
+        timeout: float | None,
+        request_id: str | None,
+        merged: bool,
     ) -> Reservation:
-        # Room in the log for every call in flight's record, this one's included, taken now:
-        # a command that fills the disk cannot then keep its own call from being recorded.
-        bound = records.size_bound(state.limits.max_capture_bytes, command, state.sandbox.network == "allow")
-        durable.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
-        reservation = reservation_of.charge(state, command, allowance, self.owner, supervisor, timeout)
+        self._room_for_record(state, command, merged)
+        reservation = reservation_of.charge(state, command, allowance, self.owner, supervisor, timeout, request_id)
         try:
             self.store.write(state)
         except BaseException:
@@ -281,6 +325,7 @@ class Ledger:
         command: list[str],
         preflight: Callable[[TrialState], None] | None = None,
         timeout: float | None = None,
+        merged: bool = False,
     ) -> Reservation:
         """Ready a command the harness runs to grade the agent's work: never refused, never charged.
 
@@ -291,8 +336,7 @@ class Ledger:
         self.directories()
         with self._lock():
             state = self._ready(settings, preflight)
-            bound = records.size_bound(state.limits.max_capture_bytes, command, state.sandbox.network == "allow")
-            durable.reserve_tail(self.log_path, bound * (len(state.in_flight) + 1))
+            self._room_for_record(state, command, merged)
             return reservation_of.grading(state, timeout)
 
     def commit_grading(self, reservation: Reservation, record: dict[str, Any]) -> TrialState:
@@ -304,6 +348,8 @@ class Ledger:
                 raise StateError(msg)
             state.elapsed_seconds = state.elapsed()
             record["wall_elapsed_seconds"] = state.elapsed_seconds
+            if reservation.final:
+                record["final"] = True
             self.store.append(state, records.grading(record))
             if not state.in_flight:
                 durable.release_tail(self.log_path)

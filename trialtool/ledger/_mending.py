@@ -98,6 +98,8 @@ def recover_abandoned(
             owner_pid=entry.pid,
         )
         record["processes_killed"] = killed
+        if entry.request_id is not None:
+            record["request_id"] = entry.request_id
         del state.in_flight[sequence]
         store.append(state, record)
         store.write(state)

@@ -221,16 +221,17 @@ def failed(
     )
 
 
-def size_bound(max_capture_bytes: int, command: list[str], network: bool = False) -> int:
-    """Bytes a call's record can take at most: both streams' capture in base64, the command twice, the rest.
+def size_bound(max_capture_bytes: int, command: list[str], network: bool = False, streams: int = 2) -> int:
+    """Bytes a call's record can take at most: each stream's capture in base64, the command twice, the rest.
 
     Reserved in the log before the command starts (_ledger.py), so that the record
-    always fits, however full the disk then is.
+    always fits, however full the disk then is. `streams` is 1 for a call whose
+    stderr is merged into its stdout: its stderr capture is empty.
     """
-    streams = 2 * 4 * -(-max_capture_bytes // 3)
+    captures = streams * 4 * -(-max_capture_bytes // 3)
     # JSON escapes a byte in at most 6 characters; command_b64 adds 4/3 of it again.
     argv = sum(len(os_bytes(arg)) for arg in command)
-    return streams + 8 * argv + 16 * 1024 + (egress.RECORD_BOUND if network else 0)
+    return captures + 8 * argv + 16 * 1024 + (egress.RECORD_BOUND if network else 0)
 
 
 def input_fields(stdin: bytes | None, merged: bool) -> dict[str, Any]:

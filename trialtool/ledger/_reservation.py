@@ -26,6 +26,8 @@ class Reservation(NamedTuple):
     #: Trial seconds elapsed when the call was reserved.
     trial_elapsed: float
     started_at: float
+    #: The harness's final act (CallRequest.final), run once the budget was spent: recorded as grading.
+    final: bool = False
 
 
 def deadline(limits: Limits, trial_left: float | None, timeout: float | None) -> tuple[float, str]:
@@ -47,6 +49,7 @@ def charge(
     owner: tuple[int, str | None],
     supervisor: int | None,
     timeout: float | None,
+    request_id: str | None = None,
 ) -> Reservation:
     """Charge the next call in `state` (not yet written): counted, in flight, with its deadline."""
     limits = state.limits
@@ -62,18 +65,23 @@ def charge(
         allowance=allowance,
         command=command,
         started_at_utc=clock.utc(now),
+        request_id=request_id,
     )
     return Reservation(
         state.trial_id, sequence, allowance, run_seconds, deadline_kind, limits, state.elapsed_seconds, now
     )
 
 
-def grading(state: TrialState, timeout: float | None) -> Reservation:
-    """A grading command's reservation: sequence 0, nothing counted, the call timeout its deadline."""
+def grading(state: TrialState, timeout: float | None, *, final: bool = False) -> Reservation:
+    """A grading command's reservation: sequence 0, nothing counted, the call timeout its deadline.
+
+    Its output is the harness's, delivered whole (GRADING_ALLOWANCE): a harness never hands it
+    to the agent. `final` marks the harness's final act (Ledger.reserve).
+    """
     run_seconds, deadline_kind = deadline(state.limits, None, timeout)
     now = time.time()
     return Reservation(
-        state.trial_id, 0, GRADING_ALLOWANCE, run_seconds, deadline_kind, state.limits, state.elapsed(), now
+        state.trial_id, 0, GRADING_ALLOWANCE, run_seconds, deadline_kind, state.limits, state.elapsed(), now, final
     )
 
 

@@ -40,6 +40,8 @@ class InFlight(NamedTuple):
     supervisor_token: str | None = None
     command: tuple[str, ...] | list[str] = ()
     started_at_utc: str | None = None
+    #: The caller's name for the call (CallRequest.request_id), carried to its abandoned record.
+    request_id: str | None = None
 
 
 class TrialState:
@@ -57,6 +59,7 @@ class TrialState:
         "connections_denied",
         "elapsed_seconds",
         "emitted_tokens",
+        "final_used",
         "in_flight",
         "labels",
         "limits",
@@ -91,6 +94,7 @@ class TrialState:
         log_path: str | None = None,
         connections_allowed: int = 0,
         connections_denied: int = 0,
+        final_used: bool = False,
     ) -> None:
         self.trial_id = trial_id
         #: How the log is chained and the state sealed: "sha256", or "hmac-sha256" with a key.
@@ -121,6 +125,8 @@ class TrialState:
         #: Network "allow": connections the calls' proxies allowed and denied, over the trial.
         self.connections_allowed = connections_allowed
         self.connections_denied = connections_denied
+        #: Whether the harness's final act (CallRequest.final) ran once the budget was spent: once a trial.
+        self.final_used = final_used
 
     @classmethod
     def new(
@@ -188,6 +194,8 @@ class TrialState:
         if self.connections_allowed or self.connections_denied:
             document["connections_allowed"] = self.connections_allowed
             document["connections_denied"] = self.connections_denied
+        if self.final_used:
+            document["final_used"] = True
         return document
 
 
@@ -284,6 +292,9 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
     log_path = data.get("log_path")
     if log_path is not None and not isinstance(log_path, str):
         raise bad("log_path is malformed")
+    final_used = data.get("final_used", False)
+    if not isinstance(final_used, bool):
+        raise bad("final_used is malformed")
     if data["calls"] > limits.max_calls or data["emitted_tokens"] > limits.max_tokens:
         raise bad("counters exceed the pinned limits")
     if len(in_flight) > data["calls"]:
@@ -307,6 +318,7 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
         log_path=log_path,
         connections_allowed=data.get("connections_allowed", 0),
         connections_denied=data.get("connections_denied", 0),
+        final_used=final_used,
     )
 
 

@@ -212,12 +212,14 @@ class Proxy:
         entry["error"] = "timed out" if isinstance(error, TimeoutError) else (getattr(error, "strerror", None) or "")
         raise Refused("unreachable", 504 if isinstance(error, TimeoutError) else 502)
 
-    def _relay(self, client: socket.socket, upstream: socket.socket, entry: dict[str, Any], begun: float) -> None:
-        """Copy both ways until the far end is done; the bytes counted into `entry`."""
+    def _relay(
+        self, client: socket.socket, upstream: socket.socket, entry: dict[str, Any], begun: float, sent: int = 0
+    ) -> None:
+        """Copy both ways until the far end is done; the bytes counted into `entry`, after the `sent` already."""
         client.settimeout(None)
         upstream.settimeout(None)
         buffer = memoryview(bytearray(_CHUNK))
-        sent = received = 0
+        received = 0
         peers = {client: upstream, upstream: client}
         reading = [client, upstream]
         try:
@@ -259,7 +261,7 @@ class Proxy:
         whole, _, rest = bytes(head).partition(b"\r\n\r\n")
         line, *fields = whole.split(b"\r\n")
         begun = time.monotonic()
-        via, given, port, shown = "http", "", 0, ""
+        via, given, port, shown, sent = "http", "", 0, "", 0
         try:
             method, target, version = _request_line(line)
             via = "connect" if method == "CONNECT" else "http"
@@ -279,8 +281,9 @@ class Proxy:
                 name = f"[{where}]" if isinstance(where, ipaddress.IPv6Address) else str(where)
                 authority = name if port == 80 else f"{name}:{port}"
                 lines = [f"{method} {path} {version}".encode("ascii"), f"Host: {authority}".encode("ascii"), *kept]
-                upstream.sendall(b"\r\n".join(lines) + b"\r\nConnection: close\r\n\r\n" + rest)
-                rest = b""
+                request = b"\r\n".join(lines) + b"\r\nConnection: close\r\n\r\n" + rest
+                upstream.sendall(request)
+                sent, rest = len(request), b""
         except egress.Malformed as bad:
             self._deny(*_shown(given), bad.code, via, None)
             _answer(client, 400, bad.code, "", 0)
@@ -292,7 +295,8 @@ class Proxy:
             return
         if rest:
             upstream.sendall(rest)
-        self._relay(client, upstream, entry, begun)
+            sent += len(rest)
+        self._relay(client, upstream, entry, begun, sent)
 
     def _socks(self, client: socket.socket) -> None:
         _, count = _exactly(client, 2)

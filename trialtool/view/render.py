@@ -222,18 +222,25 @@ def differs_text(differs: dict[str, Any]) -> str:
     return "; ".join(f"{name} {mine} -> {theirs}" for name, (mine, theirs) in differs.items())
 
 
+def _trials(count: int) -> str:
+    return f"{count} trial" if count == 1 else f"{count} trials"
+
+
 def overview_lines(overview: dict[str, Any]) -> list[str]:
     """The report's overview, for the terminal and markdown alike (plain lines)."""
     fairness = overview["fairness"]
     majority = fairness["majority"]
-    lines = [f"{overview['trials']} trials"]
+    lines = [_trials(overview["trials"])]
     if fairness["same_rules"]:
         lines.append("fairness: every trial was held to the same rules")
     else:
         flagged = sum(other["trials"] for other in fairness["others"])
-        lines.append(f"fairness: {flagged} trials differ from the majority's rules ({majority['trials']} trials):")
+        differ = "differs" if flagged == 1 else "differ"
+        lines.append(
+            f"fairness: {_trials(flagged)} {differ} from the majority's rules ({_trials(majority['trials'])}):"
+        )
         for other in fairness["others"]:
-            lines.append(f"  group {other['group']}, {other['trials']} trials: {differs_text(other['differs'])}")
+            lines.append(f"  group {other['group']}, {_trials(other['trials'])}: {differs_text(other['differs'])}")
     limits = majority["limits"]
     lines.append(
         f"rules: calls {limits.get('max_calls')}, tokens {limits.get('max_tokens')}, "
@@ -258,8 +265,8 @@ def overview_lines(overview: dict[str, Any]) -> list[str]:
     network = overview.get("connections") or {}
     if network.get("trials"):
         lines.append(
-            f"network: {network['trials']} trials on an allowlist; {network['allowed']} connections allowed, "
-            f"{network['denied']} denied (in {network['trials_with_denials']} trials)"
+            f"network: {_trials(network['trials'])} on an allowlist; {network['allowed']} connections allowed, "
+            f"{network['denied']} denied (in {_trials(network['trials_with_denials'])})"
         )
     if "scores" in overview:
         groups = overview["scores"]["by_ended_by"]
