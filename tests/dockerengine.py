@@ -39,6 +39,14 @@ APPLETS = (
     "setsid",
     "pwd",
     "timeout",
+    "cp",
+    "chmod",
+    "chown",
+    "mknod",
+    "mkdir",
+    "install",
+    "rm",
+    "touch",
 )
 
 

@@ -14,7 +14,7 @@ from .osio import plain
 #: and `search_path`, the caller's PATH, where the sandbox's executable is looked for then, and
 #: `home_path`, the caller's $HOME, which the sandbox's home layer goes over (`--home trial`).
 #: `labels` travel with them too (ledger/_labels.py): who the trial is, pinned like a limit.
-SANDBOX_SETTINGS = ("sandbox", "network", "allow", "workspace", "writable", "home", "image")
+SANDBOX_SETTINGS = ("sandbox", "network", "allow", "workspace", "writable", "home", "image", "run_as")
 NOT_LIMITS = (*SANDBOX_SETTINGS, "origin", "search_path", "home_path", "labels")
 
 CLIP_MODES = ("headtail", "head")

@@ -2,8 +2,8 @@
 
 The settings travel with the limits: `sandbox` (none, bwrap, docker, auto), `network`
 (none, host, allow: through trial-tool's proxy to what `allow` lists, egress.py), `workspace`
-(the directory the command may write), `writable` (more paths), `home`, and `image`
-(docker's). `pin` resolves them once, at creation, into what the state keeps:
+(the directory the command may write), `writable` (more paths), `home`, `image`
+(docker's) and `run_as` (who the command is). `pin` resolves them once, at creation, into what the state keeps:
 
 - "auto" becomes bwrap where a tiny sandboxed command runs on this machine, and
   none where it does not, with bwrap's own words for why (`fallback`);
@@ -12,7 +12,9 @@ The settings travel with the limits: `sandbox` (none, bwrap, docker, auto), `net
   id (`image_id`), never resolved by its name again;
 - the workspace and writable paths become canonical, and are pinned by
   identity (`pins`: device and inode), so that a path a command renamed or
-  replaced by a symlink is refused rather than followed.
+  replaced by a symlink is refused rather than followed;
+- `run_as` becomes the uid and gid the command runs as ("UID:GID"): an
+  unprivileged one (`user`, 65534) when the caller is root, else the caller's.
 
 `check_pinned` refuses a later use that asks for something else. What can run here,
 and how a call is wrapped, are the seam's (process/sandbox/): `pin` is handed its answers.
@@ -35,7 +37,10 @@ HOMES = ("host", "trial")
 #: The override names that are sandbox settings rather than limits.
 SETTINGS = (*SANDBOX_SETTINGS, "origin", "search_path", "home_path")
 #: The flag of each setting, for messages.
-FLAG_OF = {name: f"--{name}" for name in SANDBOX_SETTINGS}
+FLAG_OF = {name: "--" + name.replace("_", "-") for name in SANDBOX_SETTINGS}
+#: `--run-as user`: nobody, an id that owns nothing on a host and that no host trusts.
+USER_ID = 65534
+RUN_AS = {"root": "0:0", "user": f"{USER_ID}:{USER_ID}"}
 
 
 class Pin(NamedTuple):
@@ -80,10 +85,13 @@ class Sandbox(NamedTuple):
     image_id: str | None = None
     #: Network "allow": the allowlist, canonical (egress.canonical).
     allow: tuple[str, ...] = ()
+    #: "UID:GID", who the command runs as (modes bwrap and docker); None in trials made before it was pinned.
+    run_as: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         images = ("image", "image_id") if self.mode != "docker" else ()  # a container's only
         unused = (*images, *(("allow",) if self.network != "allow" else ()))
+        unused += ("run_as",) if self.mode == "none" else ()
         return {
             **{name: value for name, value in self._asdict().items() if name not in unused},
             "writable": list(self.writable),
@@ -96,6 +104,27 @@ class Sandbox(NamedTuple):
     def roots(self) -> tuple[str, ...]:
         """Every path the command may write, shortest first."""
         return tuple(sorted({path for path in (self.workspace, *self.writable) if path is not None}, key=len))
+
+    @property
+    def ids(self) -> tuple[int, int]:
+        """The uid and gid the command runs as: pinned, or (a trial made before) what `--run-as` defaults to now."""
+        uid, _, gid = (self.run_as or default_run_as()).partition(":")
+        return int(uid), int(gid)
+
+
+def default_run_as() -> str:
+    """`--run-as` when not given: `user` for a root caller, whose files a command would otherwise own as root."""
+    return RUN_AS["user"] if os.geteuid() == 0 else f"{os.geteuid()}:{os.getegid()}"
+
+
+def run_as(value: Any) -> str:
+    """`--run-as` root, user or UID:GID as "UID:GID"; UsageError otherwise."""
+    if isinstance(value, str) and value in RUN_AS:
+        return RUN_AS[value]
+    uid, colon, gid = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if colon and all(part.isascii() and part.isdigit() and int(part) < 2**32 - 1 for part in (uid, gid)):
+        return f"{int(uid)}:{int(gid)}"
+    raise UsageError(f"--run-as must be root, user or UID:GID, not {plain(value)}")
 
 
 UNSANDBOXED = Sandbox()  # what a trial created before sandboxes existed holds: nothing
@@ -126,6 +155,8 @@ def checked(settings: Mapping[str, Any]) -> dict[str, Any]:
     if image is not None and mode not in (None, "docker"):
         raise UsageError("--image goes with --sandbox docker")
     checked.update(egress.checked(settings))
+    if settings.get("run_as") is not None:
+        run_as(settings["run_as"])
     home = settings.get("home")
     if home is not None and home not in HOMES:
         msg = f"--home must be one of {', '.join(HOMES)}, not {plain(home)}"
@@ -205,11 +236,20 @@ def pin(settings: dict[str, Any], available: Available | None, containers: Conta
             raise UsageError(f"--network {settings['network']} needs a sandbox; it cannot hold with --sandbox none")
         if settings.get("home") == "trial" and settings.get("sandbox") == "none":
             raise UsageError("--home trial needs a sandbox; it cannot hold with --sandbox none")
+        if settings.get("run_as") is not None:
+            raise UsageError("--run-as needs a sandbox: with --sandbox none a command runs as its caller")
         return Sandbox("none", "host", workspace, writable, fallback=fallback)
     pins = tuple(identity(path) for path in (workspace, *writable))
     home, home_path = _home(settings, workspace, writable)
     network, allow = settings.get("network") or "none", settings.get("allow") or ()
-    return Sandbox("bwrap", network, workspace, writable, binary, pins, home=home, home_path=home_path, allow=allow)
+    ids = _pinned_run_as(settings)
+    return Sandbox(
+        "bwrap", network, workspace, writable, binary, pins, home=home, home_path=home_path, allow=allow, run_as=ids
+    )
+
+
+def _pinned_run_as(settings: Mapping[str, Any]) -> str:
+    return default_run_as() if settings.get("run_as") is None else run_as(settings["run_as"])
 
 
 def _container(
@@ -233,7 +273,8 @@ def _container(
     network = settings.get("network") or "none"
     if network == "allow":
         raise UsageError("--network allow runs under --sandbox bwrap; a container has none or host (docs/sandbox.md)")
-    return Sandbox("docker", network, workspace, writable, binary, pins, image=image, image_id=image_id)
+    ids = _pinned_run_as(settings)
+    return Sandbox("docker", network, workspace, writable, binary, pins, image=image, image_id=image_id, run_as=ids)
 
 
 def _home(settings: dict[str, Any], workspace: str, writable: tuple[str, ...]) -> tuple[str, str | None]:
@@ -275,6 +316,8 @@ def check_pinned(pinned: Sandbox, settings: dict[str, Any]) -> None:
         value = settings.get(name)
         if value is not None and value != getattr(pinned, name):
             _mismatch(name, value, getattr(pinned, name))
+    if settings.get("run_as") is not None and run_as(settings["run_as"]) != (pinned.run_as or default_run_as()):
+        _mismatch("run_as", run_as(settings["run_as"]), pinned.run_as or default_run_as())
     if settings.get("workspace") is not None or settings.get("writable"):
         workspace, writable = _paths(settings)
         if settings.get("workspace") is not None and workspace != pinned.workspace:
@@ -313,6 +356,7 @@ def from_state(data: Any) -> Sandbox:
         or (data.get("home") == "trial" and not isinstance(data.get("home_path"), str))
         or not all(isinstance(value, str) for value in images)
         or not egress.stored(data.get("allow", []))
+        or (data.get("run_as") is not None and not _ids(data["run_as"]))
     ):
         raise ValueError("the sandbox is malformed")
     try:
@@ -322,9 +366,19 @@ def from_state(data: Any) -> Sandbox:
         raise ValueError("the sandbox is malformed") from exc
     if (binary is not None and not _typed(binary, str, int)) or not all(_typed(pin, str, int) for pin in pins):
         raise ValueError("the sandbox is malformed")
-    later = {name: data[name] for name in ("fallback", "home", "home_path", "image", "image_id") if name in data}
+    later = {name: data[name] for name in (*_LATER_FIELDS, "run_as") if name in data}
     later["allow"] = tuple(data.get("allow") or ())
     return Sandbox(data["mode"], data["network"], workspace, tuple(writable), binary, pins, **later)
+
+
+_LATER_FIELDS = ("fallback", "home", "home_path", "image", "image_id")
+
+
+def _ids(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and run_as(value) == value
+    except UsageError:
+        return False
 
 
 def _typed(row: tuple[Any, ...], first: type, rest: type) -> bool:
@@ -343,8 +397,10 @@ __all__ = [
     "Sandbox",
     "check_pinned",
     "checked",
+    "default_run_as",
     "from_state",
     "identity",
     "pin",
+    "run_as",
     "split",
 ]

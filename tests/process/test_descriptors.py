@@ -166,7 +166,7 @@ def test_a_cli_call_stopped_by_sigterm_still_delivers_what_it_charges(trial: Tri
     assert record["status"] == "interrupted" and record["delivered_stdout_tokens"] > 0 and "withheld" not in record
 
 
-def _nobody_python(copy_to: Path) -> list[str]:
+def _nobody_python(copy_to: Path, groups: tuple[int, ...] = ()) -> list[str]:
     """A Python the user nobody can run, with a world-readable copy of trialtool, tiktoken and psutil; else skip.
 
     The checkout and its virtualenv may sit under a directory only root can read
@@ -185,7 +185,8 @@ def _nobody_python(copy_to: Path) -> list[str]:
         shutil.copytree(source, copy_to / source.name, ignore=shutil.ignore_patterns("__pycache__"))
     for path in [copy_to, *copy_to.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644 | (path.stat().st_mode & 0o111))
-    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    drop = ["setpriv", "--reuid=65534", "--regid=65534"]
+    drop.append(f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups")
     # The system's Python of the same minor version: the test's own may live where nobody cannot read.
     for python in (f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}", sys.executable):
         # In process: a server run as nobody would need a directory of nobody's (tested as root).

@@ -102,6 +102,8 @@ def test_the_trial_pins_the_sandbox_and_records_it(box: Sandboxed) -> None:
         "fallback": None,
         "home": "trial",
         "home_path": os.path.realpath(os.path.expanduser("~")),
+        # A root caller's command runs as nobody; anyone else's as its caller.
+        "run_as": "65534:65534" if os.geteuid() == 0 else f"{os.geteuid()}:{os.getegid()}",
     }
     assert box.records()[0]["sandbox"] == "bwrap"
 

@@ -101,6 +101,7 @@ def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
             if (image := summary["sandbox"].get("image"))
             else ""
         )
+        + (f", runs as {who}" if (who := summary["sandbox"].get("run_as")) else "")
         + (f"; auto found no sandbox: {fallback}" if (fallback := summary.get("sandbox_fallback")) else ""),
         *(
             [f"network   {counted['allowed']} connections allowed, {counted['denied']} denied"]

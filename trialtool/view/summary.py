@@ -170,7 +170,12 @@ def summarize_snapshot(
         "last_call_at_utc": last_at,
         "keyed": keyed,
         "limits": limits,
-        "sandbox": {"mode": sandbox.get("mode", "none"), "network": sandbox.get("network", "none"), **_image(sandbox)},
+        "sandbox": {
+            "mode": sandbox.get("mode", "none"),
+            "network": sandbox.get("network", "none"),
+            **_image(sandbox),
+            **({"run_as": sandbox["run_as"]} if isinstance(sandbox.get("run_as"), str) else {}),
+        },
         # Outside "sandbox", which the fairness check compares: the same rules, whatever the wording of why.
         "sandbox_fallback": sandbox.get("fallback") if isinstance(sandbox.get("fallback"), str) else None,
         "tokenizer": sorted(tokenizers) or ["o200k_base"],

@@ -12,7 +12,10 @@ The view the command gets (docs/sandbox.md):
   files kept from it as _layout.py says;
 - new user, ipc, uts, cgroup, pid and network namespaces (the network one
   shared back with --network host); no capabilities even as root; no nested
-  user namespaces; a new session; killed if its supervisor dies.
+  user namespaces; a new session; killed if its supervisor dies;
+- the trial's `run_as` uid and gid inside its user namespace (the caller's
+  own outside: the files it makes are the caller's), and the system-call
+  filter of _seccomp.py, so that none of them is setuid, setgid or a device.
 
 bwrap itself is found, pinned and probed by _executable.py.
 
@@ -35,6 +38,7 @@ from ...sandbox import Pin, Sandbox
 from . import _home as home
 from . import _ownfiles as ownfiles
 from . import _pinned as pinned
+from . import _seccomp as seccomp
 from ._executable import ISOLATION, STATUS_FD, check_binary, probe
 from ._layout import Layout, inside, layout
 
@@ -150,13 +154,16 @@ def arguments(
     for directory in sorted({*hide.covered, *covers}):
         if layer is None or directory != layer.path:  # a covered home has the layer on top: writable
             wrapped += ["--remount-ro", directory]
-    wrapped += ["--chdir", cwd, *ISOLATION]
+    uid, gid = sandbox.ids
+    wrapped += ["--chdir", cwd, *ISOLATION, "--uid", str(uid), "--gid", str(gid)]
+    # The filter comes on the descriptor after the pinned paths' (open_binds makes it).
+    wrapped += ["--seccomp", str(FIRST_BIND_FD + len(binds))]
     if sandbox.network == "host":
         wrapped.append("--share-net")
     elif sandbox.network == "allow":
-        # The sandbox's own network, as for none; bwrap waits on the descriptor after the pinned paths'
+        # The sandbox's own network, as for none; bwrap waits on the descriptor after the filter's
         # before it runs the command, while the supervisor opens the proxy's listener in it (process/_netns.py).
-        wrapped += ["--block-fd", str(FIRST_BIND_FD + len(binds))]
+        wrapped += ["--block-fd", str(FIRST_BIND_FD + len(binds) + 1)]
     prelude = "".join(f"exec {fd}<&-; " for fd in shut)
     if open_files:
         prelude += f"ulimit -n {open_files} && "
@@ -292,7 +299,8 @@ class Plan:
 
 
 def open_binds(argv: Sequence[str], binds: Sequence[tuple[int, str, int, int]]) -> tuple[list[str], list[int]]:
-    """`argv` with each pinned bind's descriptor number in place, and those descriptors, in order.
+    """`argv` with each pinned bind's descriptor number in place, and those descriptors, in order,
+    then the system-call filter's (a pipe holding the program) where bwrap's options ask for it.
 
     Opened in the supervisor, a moment before bwrap starts, and checked against the
     pins; bwrap binds the very directory checked, and closes the descriptor before
@@ -305,11 +313,31 @@ def open_binds(argv: Sequence[str], binds: Sequence[tuple[int, str, int, int]]) 
             fds.append(pinned.open_pinned(Pin(path, device, inode)))
             if index >= 0:  # else named as /proc/self/fd/N where bwrap takes a path (an overlay's)
                 argv[index] = argv[index].replace("{fd}", str(FIRST_BIND_FD + len(fds) - 1))
+        # Only bwrap's own options (a bwrap call always binds its /tmp): the command's words come after "--".
+        if binds and "--seccomp" in argv[: argv.index("--") if "--" in argv else len(argv)]:
+            fds.append(_filter())
     except BaseException:
         for fd in fds:
             os.close(fd)
         raise
     return argv, fds
+
+
+def _filter() -> int:
+    """A pipe's read end holding the filter's program, written whole (it is far smaller than a pipe holds)."""
+    try:
+        program = seccomp.program()
+    except seccomp.Unsupported as exc:
+        raise SandboxError(f"the sandbox cannot run here: {exc}") from exc
+    read, write = os.pipe()
+    try:
+        os.write(write, program)
+    except BaseException:
+        os.close(read)
+        raise
+    finally:
+        os.close(write)
+    return read
 
 
 def tmp_directory(state_path: str, trial_id: str) -> Pin:

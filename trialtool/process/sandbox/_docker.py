@@ -4,7 +4,8 @@ The container is made from the image pinned by its id when the trial was
 created, on the trial's first call, and kept for its calls: the workspace and
 writable paths bound in at their own paths, a /tmp of its own, no network
 unless the trial pinned `host`, every capability dropped, no new privileges,
-and the trial's process, memory and per-process limits set on it. Its first
+the trial's `run_as` id as its user, the system-call filter of _seccomp.py in
+place of the engine's default one, and the trial's process, memory and per-process limits set on it. Its first
 process is the engine's init (it reaps orphans) over a shell that only waits,
 so that the container lives between calls.
 
@@ -34,8 +35,10 @@ from ...osio import plain
 from ...sandbox import Binary, Sandbox
 from .._orders import Spec
 from . import _engine as engine
+from . import _seccomp as seccomp
 from ._engine import LOG_LABEL, STATE_LABEL, TRIAL_LABEL, listed, remove, said
 from ._executable import check_binary, find
+from ._handover import hand_over
 from ._layout import inside
 
 if TYPE_CHECKING:
@@ -144,14 +147,36 @@ def available(
     return (binary, image_id, None) if image_id else (None, None, f"the engine named no id for image {plain(image)}")
 
 
-def _client(binary: Binary, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[bytes]:
+def _client(
+    binary: Binary, *args: str, timeout: float = 120.0, passed: tuple[int, ...] = ()
+) -> subprocess.CompletedProcess[bytes]:
     """The pinned client run on `args`; SandboxError when it cannot be run or does not answer in time."""
     import subprocess
 
     try:
-        return subprocess.run([binary.path, *args], capture_output=True, timeout=timeout, check=False)
+        return subprocess.run([binary.path, *args], capture_output=True, timeout=timeout, check=False, pass_fds=passed)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxError(f"the container client {binary.path} did not answer: {exc}") from exc
+
+
+def _run(binary: Binary, options: list[str]) -> subprocess.CompletedProcess[bytes]:
+    """`run` with the filter's profile, read by the client from a pipe of ours: no file anyone could replace."""
+    import json
+
+    try:
+        profile = json.dumps(seccomp.profile()).encode()
+    except seccomp.Unsupported as exc:
+        raise SandboxError(f"the container cannot be started here: {exc}") from exc
+    read, write = os.pipe()
+    try:
+        os.write(write, profile)  # a few KiB: far less than a pipe holds
+        os.close(write)
+        write = -1
+        return _client(binary, "run", "--security-opt", f"seccomp=/dev/fd/{read}", *options, passed=(read,))
+    finally:
+        os.close(read)
+        if write >= 0:
+            os.close(write)
 
 
 class Container:
@@ -177,6 +202,12 @@ class Container:
     def ready(self, trial_id: str, limits: Limits, calls: int) -> Started:
         """The trial's container, running: the one there, or a new one (and why). SandboxError if none can be."""
         check_binary(self.binary)
+        uid, gid = self.sandbox.ids
+        if os.geteuid() == 0 and uid != 0:
+            try:
+                hand_over(self.sandbox.pins, uid, gid)  # a root harness's files, for the command to write
+            except OSError as exc:
+                raise SandboxError(f"the workspace cannot be handed to uid {uid}: {exc.strerror or exc}") from exc
         name = name_of(trial_id)
         try:
             seen = engine.container(self.binary.path, name)
@@ -190,7 +221,7 @@ class Container:
         else:
             made = "the trial's container had stopped" if ours else "the container by its name was not the trial's"
             remove(self.binary.path, name)  # stopped, or not the trial's: a new one in its place
-        done = _client(self.binary, "run", *self.options(trial_id, limits), self.image_id)
+        done = _run(self.binary, [*self.options(trial_id, limits), self.image_id])
         if done.returncode != 0:
             msg = f"the trial's container cannot be started from image {self.sandbox.image}: {said(done.stderr)}"
             raise SandboxError(msg)
@@ -204,6 +235,7 @@ class Container:
         options += ["--label", f"{LOG_LABEL}={self.log_path}"]
         options += ["--network", "none" if sandbox.network == "none" else "host"]
         options += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--tmpfs", "/tmp"]
+        options += ["--user", "{}:{}".format(*sandbox.ids)]
         if limits.max_procs:
             options += ["--pids-limit", str(limits.max_procs + 2)]  # the init and its waiting shell
         if limits.max_memory:
