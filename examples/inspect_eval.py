@@ -25,8 +25,8 @@ from inspect_ai.model import ModelOutput, get_model
 from inspect_ai.solver import generate, use_tools
 from inspect_ai.tool import bash, python
 
+from trialtool import seed_tiktoken_cache
 from trialtool.integrations.inspectai import TrialSandboxConfig
-from trialtool.tokens import seed_tiktoken_cache
 
 
 @task

@@ -472,7 +472,7 @@ def docker_figures(work: Path, python: str, runs: int) -> None:
 
 def sandbox_unavailable() -> str | None:
     """Why bwrap cannot make a sandbox here, or None when it can."""
-    from trialtool.process import sandbox
+    from trialtool import sandbox
 
     return sandbox.unavailable()
 

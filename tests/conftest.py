@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.dockerengine import engine
-from trialtool import tokens
+from trialtool.output import tokens
 
 __all__ = ["engine"]  # the container engine's fixture, for the docker backend's tests and mini's over it
 
@@ -126,7 +126,7 @@ def stop_servers(directory: Path) -> None:
     import socket as socketlib
     import struct
 
-    from trialtool.doors.userwire import Frames, frame, reach
+    from trialtool.server._wire import Frames, frame, reach
 
     for path in sorted(directory.glob("server-*.sock")) if directory.is_dir() else []:
         with socketlib.socket(socketlib.AF_UNIX) as sock:

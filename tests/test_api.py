@@ -37,6 +37,7 @@ EXPECTED = {
     "openai_tool",
     "read_key_file",
     "remove_container",
+    "seed_tiktoken_cache",
     "sweep_command",
     "toolreply",
 }

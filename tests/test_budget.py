@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trialtool import Limits, budget
+from trialtool import Limits
 from trialtool.ledger._records import REFUSED
+from trialtool.types import budget
 
 
 @given(

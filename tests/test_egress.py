@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trialtool import egress
 from trialtool.errors import UsageError
+from trialtool.sandbox import egress
 
 _LABEL = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True)
 # A name ends in a label with a letter: one of digits and dots alone is an address, or not a host.

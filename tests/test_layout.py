@@ -62,16 +62,25 @@ EDGES = _edges()
 
 def _room(name: str) -> str:
     parts = name.split(".")
-    rooms = ("ledger", "process", "doors", "view", "integrations")
-    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in rooms) else "top"
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ROOMS) else "top"
 
 
-def test_there_are_five_rooms_and_a_small_top() -> None:
-    rooms = {_room(name) for name in MODULES}
-    assert rooms == {"top", "ledger", "process", "doors", "view", "integrations"}
-    # The top holds what two rooms share: egress.py's rules are read by sandbox.py when a
-    # trial is pinned and by the proxy in process/ when a call connects.
-    assert sum(_room(name) == "top" for name in MODULES) <= 17
+#: The rooms, each a folder with a face: docs/layout.md says what each holds and why.
+ROOMS = ("types", "output", "trial", "ledger", "process", "sandbox", "server", "doors", "view", "integrations")
+#: What lies at the top besides the rooms: the package's face, `python -m`, the version, and the two
+#: modules every room stands on (the exception tree, and the writes and messages of plain bytes).
+TOP = {"trialtool", "trialtool.__main__", "trialtool._version", "trialtool.errors", "trialtool.osio"}
+
+
+def test_every_module_is_in_a_room_but_the_few_that_every_room_stands_on() -> None:
+    assert {_room(name) for name in MODULES} == {"top", *ROOMS}
+    assert {name for name in MODULES if _room(name) == "top"} == TOP
+
+
+def test_every_room_has_a_face() -> None:
+    for room in ROOMS:
+        assert f"trialtool.{room}" in MODULES, f"{room}/ has no __init__.py"
+        assert ast.get_docstring(ast.parse(MODULES[f"trialtool.{room}"].read_text(encoding="utf-8"))), room
 
 
 def test_no_module_is_over_500_lines() -> None:
@@ -102,7 +111,7 @@ def test_no_import_cycle() -> None:
 def test_the_rooms_below_import_no_door_and_not_trial(room: str) -> None:
     for name, targets in EDGES.items():
         if _room(name) == room:
-            upward = {t for t in targets if _room(t) == "doors" or t in ("trialtool.trial", "trialtool.delivery")}
+            upward = {t for t in targets if _room(t) in ("doors", "trial", "server")}
             assert not upward, f"{name} imports {sorted(upward)}"
             other = "process" if room == "ledger" else "ledger"
             assert not {t for t in targets if _room(t) == other}, f"{name} reaches into {other}/"
@@ -136,21 +145,11 @@ def test_the_top_imports_no_door() -> None:
             assert not {t for t in targets if _room(t) == "doors"}, name
 
 
-#: The rooms whose face (their package) is all that other rooms may import.
-FACED = ("trialtool.ledger", "trialtool.process")
+#: The faces (their packages) that are all that other rooms may import of theirs.
+FACED = tuple(f"trialtool.{room}" for room in ROOMS if room not in ("doors", "view", "integrations"))
+FACED += ("trialtool.sandbox.network",)
 #: What a door may import besides the faces, view/ and the other doors: the Trial and the typed API's modules.
-DOORS_MAY_IMPORT = {
-    "trialtool",
-    "trialtool.trial",
-    "trialtool.call",
-    "trialtool.budget",
-    "trialtool.errors",
-    "trialtool.limits",
-    "trialtool._version",
-    "trialtool.osio",
-    "trialtool.tokens",
-    "trialtool.serverdir",
-}
+DOORS_MAY_IMPORT = {"trialtool", "trialtool.errors", "trialtool._version", "trialtool.osio"}
 
 
 def _statements(name: str) -> list[tuple[str, list[str]]]:
@@ -170,26 +169,44 @@ def _statements(name: str) -> list[tuple[str, list[str]]]:
     return [(target, names) for target, names in found if target.split(".")[0] == "trialtool"]
 
 
-def _face_exports(face: str) -> set[str]:
-    """What a face exports: the keys of its `_FACE`."""
+def _assigned(face: str, name: str) -> set[str] | None:
+    """The literal a face assigns to `name` (its `__all__`, or a lazy face's `_FACE`), as a set; None without one."""
     tree = ast.parse(MODULES[face].read_text(encoding="utf-8"))
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_FACE" for t in node.targets):
-            return set(ast.literal_eval(node.value))
-    return set()
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(getattr(t, "id", "") == name for t in targets) and node.value is not None:
+                return set(ast.literal_eval(node.value))
+    return None
+
+
+def _face_exports(face: str) -> set[str]:
+    """What a face exports: its `__all__`, written out (a lazy face's loads each from `_FACE`'s module)."""
+    return _assigned(face, "__all__") or set()
+
+
+def test_a_lazy_face_loads_what_it_exports_and_only_the_process_face_is_lazy() -> None:
+    lazy = {face for face in ("trialtool", *FACED) if _assigned(face, "_FACE") is not None or face == "trialtool"}
+    # The package's own face and the process room's: the two the CLI imports before it forks (docs/performance.md).
+    assert lazy <= {"trialtool", "trialtool.process", "trialtool.ledger"}
+    for face in lazy - {"trialtool"}:
+        assert _assigned(face, "_FACE") == _face_exports(face), face
 
 
 def test_only_a_rooms_face_is_imported_from_outside_it() -> None:
     import importlib
 
     for face in FACED:
-        assert sorted(importlib.import_module(face).__all__) == sorted(_face_exports(face)), face
+        module = importlib.import_module(face)
+        assert sorted(module.__all__) == sorted(_face_exports(face)), face
+        assert all(hasattr(module, name) for name in module.__all__), face
     for name in MODULES:
         for target, names in _statements(name):
             for face in FACED:
                 if name == face or name.startswith(face + "."):
                     continue  # the room's own
-                assert not target.startswith(face + "."), f"{name} reaches past {face}'s face into {target}"
+                inner = target.startswith(face + ".") and target not in FACED
+                assert not inner, f"{name} reaches past {face}'s face into {target}"
                 if target == face:
                     wrong = set(names) - _face_exports(face)
                     assert not wrong, f"{name} takes {sorted(wrong)}, which {face} does not export"

@@ -9,7 +9,15 @@ import pytest
 
 from trialtool import LimitMismatch, Limits, UsageError
 from trialtool.doors.options import OPTIONS
-from trialtool.limits import BOUNDS, FLAG_OF, SANDBOX_SETTINGS, check_pinned, from_overrides, from_state, validate
+from trialtool.types._limits import (
+    BOUNDS,
+    FLAG_OF,
+    SANDBOX_SETTINGS,
+    check_pinned,
+    from_overrides,
+    from_state,
+    validate,
+)
 
 ACCEPTED = [
     # (overrides, the field to look at, its normalised value)

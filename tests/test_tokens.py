@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import TrialFiles, minimal_env
-from trialtool import tokens
 from trialtool.errors import EncoderError
+from trialtool.output import tokens
 
 
 @pytest.fixture(scope="module")

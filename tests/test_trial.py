@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from tests.conftest import TrialFiles, marked, wait_until
 from tests.ledger.test_ledger import check_ledger
-from trialtool import Budget, BudgetExhausted, CallRequest, CallResult, Trial, UsageError, tokens
+from trialtool import Budget, BudgetExhausted, CallRequest, CallResult, Trial, UsageError
 from trialtool.ledger._verify import verify
+from trialtool.output import tokens
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from trialtool.limits import Limits
 from trialtool.process._capture import EMPTY_SHA256
 from trialtool.process._outcome import Outcome
-from trialtool.verdict import judge
+from trialtool.trial._verdict import judge
+from trialtool.types._limits import Limits
 
 LIMITS = Limits(max_capture_bytes=100, max_procs=8, max_memory=1 << 30, max_cpu_seconds=2, max_file_size=1000)
 

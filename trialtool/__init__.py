@@ -36,24 +36,25 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .budget import Budget
-    from .call import CallRequest, CallResult, Ran
     from .doors import toolreply
     from .doors.containers import remove_container, sweep_command
     from .doors.openai_tools import ahandle_tool_call, handle_tool_call, openai_tool
     from .ledger import TrialState, read_key_file
-    from .limits import Limits
+    from .output import seed_tiktoken_cache
     from .trial import Trial
+    from .types import Budget, CallRequest, CallResult, Limits, Ran
 
 _LAZY = {
-    "Budget": "budget",
-    "Limits": "limits",
-    "CallResult": "call",
-    "CallRequest": "call",
-    "Ran": "call",
+    "Budget": "types",
+    "Limits": "types",
+    "CallResult": "types",
+    "CallRequest": "types",
+    "Ran": "types",
     "read_key_file": "ledger",
     "TrialState": "ledger",
     "Trial": "trial",
+    # Puts the bundled o200k_base file where tiktoken looks, for a harness that builds its own encoder.
+    "seed_tiktoken_cache": "output",
     "openai_tool": "doors.openai_tools",
     "handle_tool_call": "doors.openai_tools",
     "ahandle_tool_call": "doors.openai_tools",
@@ -117,6 +118,7 @@ __all__ = [
     "openai_tool",
     "read_key_file",
     "remove_container",
+    "seed_tiktoken_cache",
     "sweep_command",
     "toolreply",
 ]

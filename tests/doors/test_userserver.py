@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 from tests.conftest import TrialFiles, marked, stop_servers
-from trialtool.doors import userwire
 from trialtool.ledger._verify import verify
+from trialtool.server import wire as userwire
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the per-user server is Linux only")
 
@@ -41,7 +41,7 @@ def server_pids(directory: Path) -> list[int]:
         try:
             cmdline = proc.info["cmdline"] or []
             ours = any(str(directory) in part for part in cmdline)
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and "trialtool.doors.userserver" in cmdline and ours:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and "trialtool.server._server" in cmdline and ours:
                 found.append(proc.pid)
         except psutil.Error:
             continue
@@ -215,8 +215,8 @@ def test_the_caller_keeps_its_environment_umask_and_limits(trial: TrialFiles, se
 @pytest.mark.timeout(60)
 def test_a_signal_right_behind_the_request_is_not_lost(trial: TrialFiles, servers: Path) -> None:
     from tests.ledger.test_durability import stopped_lock_holder
-    from trialtool.doors import userclient
     from trialtool.doors.options import quick
+    from trialtool.server import client as userclient
 
     assert trial.call("true").returncode == 0  # the first call starts the server
     args = quick("run", ["--state", str(trial.state), "--log", str(trial.log)])

@@ -23,7 +23,7 @@ from inspect_ai.util import sandbox
 from tests.conftest import strict_records
 from trialtool.integrations.inspectai import TrialSandboxConfig
 from trialtool.ledger._verify import verify
-from trialtool.tokens import seed_tiktoken_cache
+from trialtool.output._tokens import seed_tiktoken_cache
 
 # inspect and its dependencies warn of deprecations of theirs and leave anyio streams of
 # their own unclosed; neither is this test's to fix.
@@ -347,7 +347,7 @@ def test_a_login_shell_whose_profile_writes_under_home_leaves_the_model_no_warni
 ) -> None:
     """inspect's bash() runs `bash --login`; a profile that writes under $HOME (as pyenv's rehash does)
     writes into the sample's home layer, and the model reads only the command's output."""
-    from trialtool.process import sandbox as seam
+    from trialtool import sandbox as seam
 
     if seam.unavailable() is not None:
         pytest.skip(f"the bwrap sandbox cannot run here: {seam.unavailable()}")

@@ -126,7 +126,7 @@ def one_mib_disk() -> Iterator[Path]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sandbox", ["none", "bwrap"])
 def test_a_command_that_fills_the_disk_still_gets_its_call_recorded(one_mib_disk: Path, sandbox: str) -> None:
-    from trialtool.process import sandbox as seam
+    from trialtool import sandbox as seam
 
     if sandbox == "bwrap" and seam.unavailable() is not None:
         pytest.skip(f"the bwrap sandbox cannot run here: {seam.unavailable()}")

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import COMMAND_PY, TrialFiles
 from tests.networld import World, git_repository, package_index, world
-from trialtool.process import sandbox
+from trialtool import sandbox
 
 __all__ = ["world"]  # the fixture, used by name
 
@@ -372,8 +372,8 @@ def test_allow_is_refused_where_it_cannot_hold(tmp_path: Path) -> None:
     ],
 )
 def test_no_proxy_keeps_direct_only_the_loopback_the_list_does_not_name(allow: tuple[str, ...], direct: str) -> None:
-    from trialtool import egress
-    from trialtool.process import _netns
+    from trialtool.sandbox import egress
+    from trialtool.sandbox import network as _netns
 
     environment = _netns.environment(egress.canonical(list(allow)))
     assert environment["NO_PROXY"] == environment["no_proxy"] == direct

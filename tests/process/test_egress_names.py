@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import COMMAND_PY, TrialFiles
 from tests.networld import World, world
-from trialtool.process import sandbox
+from trialtool import sandbox
 
 __all__ = ["world"]  # the fixture, used by name
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from trialtool.process import sandbox
+from trialtool import sandbox
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[2]

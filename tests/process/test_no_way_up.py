@@ -29,7 +29,7 @@ import pytest
 from tests.conftest import COMMAND_PY
 from tests.dockerengine import Engine
 from tests.process.test_descriptors import _nobody_python
-from trialtool.process import sandbox
+from trialtool import sandbox
 
 NOBODY = 65534
 #: The probe: a program that prints its effective uid (`id -u`), copied into the workspace.

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trialtool import egress
-from trialtool.process._proxy import Proxy
+from trialtool.sandbox import egress
+from trialtool.sandbox.network import Proxy
 
 
 class Harness:

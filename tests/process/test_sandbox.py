@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import COMMAND_PY, calls_of, marked
-from trialtool.process import sandbox
+from trialtool import sandbox
 
 PY = sys.executable
 KEY = "k3y-0f-the-ledger-" + "x" * 20

@@ -97,9 +97,9 @@ def test_head_clip_mode(trial: TrialFiles) -> None:
 def test_interrupt_arriving_with_the_orders_stops_the_command(tmp_path: Path, marker: str) -> None:
     # trial-tool interrupted before the supervisor even read its orders: the stop request
     # can arrive in the same read as the orders, and must not be lost (it once hung here).
-    from trialtool.limits import Limits
     from trialtool.process._launcher import Launcher
     from trialtool.process._orders import Spec
+    from trialtool.types._limits import Limits
 
     read_end, write_end = os.pipe()
     os.write(write_end, b"\x02")  # a signal already waiting, as the wakeup pipe would hold it

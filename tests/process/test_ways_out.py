@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from tests.conftest import COMMAND_PY, calls_of, stop_servers
-from trialtool.process import sandbox as seam
+from trialtool import sandbox as seam
 
 PY = sys.executable
 
@@ -93,8 +93,9 @@ def _env(**changes: str | None) -> dict[str, str]:
 
 def _attack_payload(host: Host, path: Path) -> None:
     """What a command would send a server it found: an unsandboxed call of a fresh trial that writes the marker."""
-    from trialtool.doors import userclient, userwire
     from trialtool.doors.options import parse
+    from trialtool.server import client as userclient
+    from trialtool.server import wire as userwire
 
     evil = host.workspace / "evil"
     args = parse("run", ["--state", f"{evil}.json", "--log", f"{evil}.jsonl", "--sandbox", "none"])
@@ -138,7 +139,7 @@ def _peer_pid(path: Path) -> int | None:
 
 def _stop_other_worlds(directory: Path) -> None:
     """Stop the servers in `directory` that are not of this process's world (they take no `stop` from it)."""
-    from trialtool.doors.userwire import identity
+    from trialtool.server._wire import identity
 
     for path in directory.glob("server-*.sock") if directory.is_dir() else []:
         pid = None if path.name == f"server-{identity()}.sock" else _peer_pid(path)

@@ -104,7 +104,7 @@ def test_a_copied_trial_pairs_with_its_own_copy_of_the_log(tmp_path: Path) -> No
 
 
 def test_trials_made_inside_a_sandboxed_trials_workspace_are_ignored_and_counted(tmp_path: Path) -> None:
-    from trialtool.process import sandbox as seam
+    from trialtool import sandbox as seam
 
     if seam.unavailable() is not None:
         pytest.skip(f"the bwrap sandbox cannot run here: {seam.unavailable()}")

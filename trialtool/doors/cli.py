@@ -42,7 +42,7 @@ def read_stdin(args: Arguments) -> bytes | None:
     """
     if args.stdin is None:
         return None
-    from ..limits import BOUNDS
+    from ..types import BOUNDS
 
     bound = int(BOUNDS["max_stdin_bytes"].high)
     if isinstance(args.max_stdin_bytes, int | float) and 0 <= args.max_stdin_bytes < bound:
@@ -74,10 +74,17 @@ def _call(args: Arguments, tool_argv: list[str]) -> int:
         return _run_call(args, tool_argv)
     except TrialToolError as exc:
         if args.json:
-            from . import userclient
+            from ..server import client as userclient
 
             userclient.write_json({"error": exc.as_json()})
         raise
+
+
+def _trial_of(args: Arguments, **given: Any) -> Any:
+    """fromflags.trial_of, imported only when a call needs its trial here: never on the warm path."""
+    from .fromflags import trial_of
+
+    return trial_of(args, **given)
 
 
 def _run_call(args: Arguments, tool_argv: list[str]) -> int:
@@ -89,10 +96,10 @@ def _run_call(args: Arguments, tool_argv: list[str]) -> int:
         msg = f"--cwd {plain(args.cwd)} is not a directory"
         raise UsageError(msg)
     stdin = read_stdin(args)
-    from . import userclient
+    from ..server import client as userclient
 
     if userclient.wanted() and not args.in_process:
-        code = userclient.call(args, tool_argv, stdin)
+        code = userclient.call(args, tool_argv, stdin, _trial_of)
         if code is not None:
             return code
         # This process has just started the server: this one call runs here.
@@ -105,7 +112,7 @@ def _run_call(args: Arguments, tool_argv: list[str]) -> int:
         # starts, so that it cannot open this process's stdout through /proc.
         make_undumpable()
         if args.sandbox != "none":
-            from ..process import sandbox
+            from .. import sandbox
 
             sandbox.probe_ahead(
                 os.path.abspath(args.state)
@@ -179,7 +186,8 @@ def _server_command(action: str) -> int:
     """`trial-tool server status|stop`: print the server's status (or that there is none); stop it."""
     import json
 
-    from . import userclient, userwire
+    from ..server import client as userclient
+    from ..server import wire as userwire
 
     status = userclient.control(action)
     if status is None:
@@ -191,7 +199,7 @@ def _server_command(action: str) -> int:
 
 def describe(state: TrialState) -> dict[str, Any]:
     """The state as `status` and `init` print it: the document, and what is left of each budget."""
-    from .. import budget
+    from ..types import budget
 
     left = budget.of(state)
     return {

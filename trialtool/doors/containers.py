@@ -21,7 +21,7 @@ def remove_container(trial: Trial) -> bool:
 
     The trial's files stay; a later call starts a new container, and its record says so.
     """
-    from ..process import sandbox
+    from .. import sandbox
 
     state = trial.status()
     pinned = state.sandbox
@@ -39,7 +39,7 @@ def sweep_command() -> list[str]:
     run it there after a call stopped at its deadline, with the trial's calls one at a time, and nothing
     the call started is left. It needs /bin/sh and /proc, nothing else. Never run it on a host.
     """
-    from ..process import sandbox
+    from .. import sandbox
 
     return sandbox.docker.sweep_argv("KILL")
 
@@ -57,7 +57,7 @@ def close(args: Arguments) -> int:
 
 
 def gc(args: Arguments) -> int:
-    from ..process import sandbox
+    from .. import sandbox
 
     client = sandbox.docker.client()
     for name, trial_id, state_path, log_path in sandbox.docker.listed(client):

@@ -11,8 +11,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..call import CallRequest, Command
 from ..ledger import key_from_environ, read_key_file
+from ..types import CallRequest, Command
 from .options import Arguments, overrides
 
 TYPE_CHECKING = False
@@ -30,7 +30,7 @@ def key_of(args: Arguments, environ: Mapping[str, str] = os.environ) -> bytes | 
 
 def trial_settings(args: Arguments, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """Trial's arguments for these flags, in the caller's `environ`: equal flags, equal settings."""
-    from ..tokens import RANK_FILE_ENV
+    from ..output import RANK_FILE_ENV
 
     return {
         "state_path": args.state,

@@ -24,10 +24,9 @@ cancellation of a `run_shell` request stops the command; the call is recorded.
 import json
 from typing import Annotated, Any, get_type_hints
 
-from ..budget import Budget
-from ..call import CallResult
 from ..errors import TrialToolError, UsageError
 from ..trial import Trial
+from ..types import Budget, CallResult
 from . import toolreply
 
 INSTRUCTIONS = (

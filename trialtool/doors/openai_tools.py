@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..call import CallResult
 from ..errors import TrialToolError
 from ..trial import Trial
+from ..types import CallResult
 from . import toolreply
 
 TOOL_NAME = "shell"

@@ -243,7 +243,7 @@ def parse(command: str, flags: list[str]) -> Arguments:
     """The flags read by argparse from OPTIONS: --help, and one-line errors (UsageError)."""
     import argparse
 
-    from ..limits import Limits
+    from ..types import Limits
 
     class _Parser(argparse.ArgumentParser):
         def error(self, message: str) -> NoReturn:

@@ -27,11 +27,11 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..call import CallRequest
 from ..errors import ERROR_CODE, TrialToolError
 from ..osio import write_all
 from ..process import Cancellation
 from ..trial import Trial
+from ..types import CallRequest
 
 #: JSON-RPC 2.0 error codes.
 PARSE_ERROR = -32700

@@ -12,12 +12,12 @@ it is the same for every trial, so budgets stay comparable.
 
 from __future__ import annotations
 
-from ..budget import Budget
 from ..errors import BudgetExhausted, TrialToolError
+from ..types import Budget
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..call import CallResult
+    from ..types import CallResult
 
 
 def left(budget: Budget) -> str:

@@ -23,11 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import budget
 from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, UsageError
-from ..limits import FLAG_OF
 from ..osio import plain, require_directory
 from ..sandbox import Available, ContainerAvailable
+from ..types import FLAG_OF, budget
 from . import _audit as audit
 from . import _clock as clock
 from . import _durable as durable
@@ -77,7 +76,7 @@ class Ledger:
         self.lock_timeout = lock_timeout
         self.chain = audit.Chain(key)
         #: The sandbox seam's answers to "which bwrap can run here" and "which container client
-        #: and image" (process/sandbox/), for a trial's creation: handed in, since the ledger
+        #: and image" (sandbox/), for a trial's creation: handed in, since the ledger
         #: imports nothing of the process room.
         self.store = Store(self.state_path, self.log_path, self.chain, sandbox_available, container_available)
         self._owner = owner
@@ -167,7 +166,7 @@ class Ledger:
         lock, for tokens) and just before charging; it raises to give up uncharged.
         While `one_at_a_time(state)` is true, the call waits (writing nothing) until
         no other call is in flight: a sandbox whose trial files sit in a writable
-        path needs the state left alone while a command runs (process/bwrap.py).
+        path needs the state left alone while a command runs (sandbox/_bwrap.py).
         `timeout` (seconds) shortens the call's deadline (reservation.deadline).
         `final`: the harness's final act (mini's submission, say). While the budget lasts it is a
         call like any other; once a budget is spent it runs instead of being refused, once a trial,

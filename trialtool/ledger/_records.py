@@ -20,9 +20,9 @@ import base64
 import hashlib
 from typing import Any, NamedTuple
 
-from .. import egress
-from ..budget import BUDGETS
 from ..osio import os_bytes, shown
+from ..sandbox import egress
+from ..types import BUDGETS
 
 RECORD_TYPE = "trial_tool_call"
 #: Record type of a log repair (a torn line cut off).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from ..limits import Limits
+from ..types import Limits
 from . import _clock as clock
 from . import _liveness as liveness
 from ._records import GRADING_ALLOWANCE

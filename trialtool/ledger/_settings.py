@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .. import sandbox
-from ..limits import Limits, from_overrides
+from ..sandbox import settings as sandbox
+from ..types import Limits
+from ..types import limits as limit_rules
 from . import _labels as labels
 
 
@@ -35,7 +36,7 @@ class Settings(NamedTuple):
         given_labels, rest = labels.split(dict(overrides or {}))
         limits, settings = sandbox.split(rest)
         return cls(
-            from_overrides(limits),
+            limit_rules.from_overrides(limits),
             tuple(limits),
             MappingProxyType(sandbox.checked(settings)),
             None if given_labels is None else MappingProxyType(given_labels),

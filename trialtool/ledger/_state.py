@@ -15,10 +15,11 @@ import time
 from typing import Any, NamedTuple
 
 from ..errors import StateError
-from ..limits import Limits, from_state
 from ..osio import plain
 from ..sandbox import UNSANDBOXED, Sandbox
 from ..sandbox import from_state as sandbox_from_state
+from ..types import Limits
+from ..types import limits as limit_rules
 from . import _audit as audit
 from . import _clock as clock
 from ._records import Totals
@@ -263,7 +264,7 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
     if not isinstance(data.get("trial_id"), str) or not isinstance(data.get("started_at_utc"), str):
         raise bad("trial_id or started_at_utc is missing")
     try:
-        limits = from_state(data.get("limits"))
+        limits = limit_rules.from_state(data.get("limits"))
     except ValueError as exc:
         raise bad(f"limits: {exc}") from exc
     if not isinstance(data.get("in_flight"), dict) or not isinstance(data.get("clock"), dict):

@@ -19,9 +19,10 @@ import os
 import time
 from typing import Any
 
-from .. import sandbox
 from ..errors import StateError
-from ..limits import Limits, check_given
+from ..sandbox import settings as sandbox
+from ..types import Limits
+from ..types import limits as limit_rules
 from . import _audit as audit
 from . import _clock as clock
 from . import _durable as durable
@@ -143,7 +144,7 @@ class Store:
             pinned = sandbox.pin(dict(settings.sandbox), self.sandbox_available, self.container_available)
             return self.new_state(settings.limits, pinned, given)
         labels.check_pinned(state.labels, None if settings.labels is None else dict(settings.labels))
-        check_given(state.limits, settings.limits, settings.given)
+        limit_rules.check_given(state.limits, settings.limits, settings.given)
         sandbox.check_pinned(state.sandbox, dict(settings.sandbox))
         tail = self._read_tail(state.log)
         last = tail.last

@@ -27,10 +27,8 @@ from ._capture import open_unlinked
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from ._forkserver import ForkServer
-    from ._orders import Spec
+    from ._orders import Report, Spec
     from ._outcome import Outcome
 
 
@@ -119,15 +117,17 @@ class Launcher:
         except BrokenPipeError:
             pass  # the supervisor is gone: its result (or its absence) says why
         result = self._wait(interrupt_fd)
-        if "fatal" in result:
-            msg = f"the call's supervisor failed: {result['fatal']}"
+        if result.fatal is not None:
+            msg = f"the call's supervisor failed: {result.fatal}"
             raise TrialToolError(msg)
         return outcome(result, self.spools, spec.limits.max_capture_bytes)
 
-    def _wait(self, interrupt_fd: int | None) -> dict[str, Any]:
+    def _wait(self, interrupt_fd: int | None) -> Report:
         """The supervisor's result line; an interrupt on the way becomes a stop request."""
         import json
         import selectors
+
+        from ._orders import decode_report
 
         pid, self.pid = self.pid, -1
         own_child = self.forkserver is None
@@ -174,11 +174,10 @@ class Launcher:
             if watch_fd >= 0:
                 os.close(watch_fd)
         try:
-            parsed: dict[str, Any] = json.loads(bytes(data))
-        except ValueError as exc:
+            return decode_report(json.loads(bytes(data)))
+        except (ValueError, TypeError) as exc:
             msg = "the call's supervisor died without reporting (killed from outside?)"
             raise TrialToolError(msg) from exc
-        return parsed
 
 
 def _stop_and_wait(pid: int, watch_fd: int, own_child: bool) -> None:

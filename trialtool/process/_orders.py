@@ -1,7 +1,7 @@
-"""A call's orders to its supervisor: `Spec`, and its form on the control pipe.
+"""A call's orders to its supervisor (`Spec`) and the supervisor's answer (`Report`), and their forms on the pipes.
 
-The launcher (trial-tool's side) encodes a Spec; the supervisor decodes it.
-Both go by `Spec`'s own fields, so a field added here travels without being
+The launcher (trial-tool's side) encodes a Spec; the supervisor decodes it,
+and answers with a Report the same way. Both go by their own fields, so a field added here travels without being
 written out again on either side. The orders are one JSON line; the command's
 stdin follows it raw (`stdin_bytes` long): no base64, no escaping of a megabyte.
 Light at import: the launcher loads it before the rest of trialtool.
@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ._capture import EMPTY_SHA256
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..limits import Limits
+    from ..types import Limits
 
 
 class Spec(NamedTuple):
@@ -28,7 +30,7 @@ class Spec(NamedTuple):
     deadline: float
     #: The trial's pinned limits: the capture cap, the kill grace and the resource limits.
     limits: Limits
-    #: The sandbox backend `argv` is a command line of (process/sandbox/): "none", or "bwrap", whose
+    #: The sandbox backend `argv` is a command line of (sandbox/): "none", or "bwrap", whose
     #: status descriptor is read, its exit code taken from it, and its own processes spared the stop's SIGTERM.
     backend: str = "none"
     #: The caller's umask and resource limits ((resource, soft, hard)), when the caller is
@@ -40,11 +42,11 @@ class Spec(NamedTuple):
     #: One pipe for stdout and stderr, read in the order written (the stderr spool stays empty).
     merge: bool = False
     #: Pinned paths bwrap binds from a descriptor: (index in argv of its descriptor argument,
-    #: path, device, inode). Opened and checked in the supervisor, just before bwrap starts (sandbox/pinned.py).
+    #: path, device, inode). Opened and checked in the supervisor, just before bwrap starts (sandbox/_pinned.py).
     binds: tuple[tuple[int, str, int, int], ...] = ()
     #: Backend docker: the trial's container, where a stop signals the command's processes (sandbox/_docker.py).
     container: str | None = None
-    #: Network "allow": the trial's allowlist (egress.py), which the call's proxy enforces (_proxy.py).
+    #: Network "allow": the trial's allowlist (sandbox/_egress.py), which the call's proxy enforces (_proxy.py).
     egress: tuple[str, ...] | None = None
 
 
@@ -67,7 +69,7 @@ def input_size(fields: dict[str, Any]) -> int:
 
 def decode(fields: dict[str, Any], stdin: bytes | None) -> Spec:
     """The Spec from the orders' line (parsed) and the input that followed it."""
-    from ..limits import Limits
+    from ..types import Limits
 
     given = {name: fields[name] for name in Spec._fields if name in fields}
     given["limits"] = Limits(**fields["limits"])
@@ -78,4 +80,56 @@ def decode(fields: dict[str, Any], stdin: bytes | None) -> Spec:
     return Spec(**given)
 
 
-__all__ = ["Spec", "decode", "encode", "input_size"]
+class Report(NamedTuple):
+    """What the supervisor saw of one command, sent back on the result pipe; `fatal` alone when it ran none."""
+
+    #: exited, deadline, output_limit, interrupted, process_limit, not_found, not_executable.
+    ended: str = "exited"
+    #: The command's exit status, or minus the signal that ended it.
+    returncode: int = 0
+    #: Seconds on the monotonic clock from the call's start to the command's end.
+    elapsed: float = 0.0
+    #: Why the command could not start (not_found, not_executable).
+    error: str | None = None
+    #: The last signal sent to stop the tree, if any.
+    stop_signal: int | None = None
+    deadline_overshoot: float | None = None
+    exited_after_deadline: float | None = None
+    #: Processes still alive after the command ended, and killed then; any that could not be.
+    killed: int = 0
+    survivors: tuple[int, ...] = ()
+    oom_kills: int = 0
+    process_cap_hit: bool = False
+    cpu_user: float = 0.0
+    cpu_system: float = 0.0
+    peak_rss: int = 0
+    peak_rss_scope: str = "largest_process"
+    #: Each stream's bytes written and their SHA-256 (stdout, stderr).
+    streams: tuple[tuple[int, str], tuple[int, str]] = ((0, EMPTY_SHA256), (0, EMPTY_SHA256))
+    #: Which mechanism enforced what (cgroup2, cgroup1, sweep, rlimit_as, subreaper).
+    containment: dict[str, Any] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
+    #: Network "allow": the connections the call's proxy allowed and denied.
+    network: dict[str, Any] | None = None
+    #: Why the supervisor could not run the command at all: trial-tool's failure, never the command's.
+    fatal: str | None = None
+
+
+def encode_report(report: Report) -> bytes:
+    """The report's one line."""
+    import json
+
+    return json.dumps(report._asdict()).encode() + b"\n"
+
+
+def decode_report(fields: dict[str, Any]) -> Report:
+    """The Report from its line (parsed); unknown fields are an older or newer supervisor's, and ignored."""
+    given = {name: fields[name] for name in Report._fields if name in fields}
+    if "survivors" in given:
+        given["survivors"] = tuple(given["survivors"])
+    if "streams" in given:
+        (out_bytes, out_sha), (err_bytes, err_sha) = given["streams"]
+        given["streams"] = ((int(out_bytes), str(out_sha)), (int(err_bytes), str(err_sha)))
+    return Report(**given)
+
+
+__all__ = ["Report", "Spec", "decode", "decode_report", "encode", "encode_report", "input_size"]

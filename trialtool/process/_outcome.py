@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 from ..errors import StorageError
 from ._capture import EMPTY_SHA256
+from ._orders import Report
 
 
 class Outcome(NamedTuple):
@@ -50,46 +51,34 @@ class Outcome(NamedTuple):
     network: dict[str, Any] | None = None
 
 
-def outcome(result: dict[str, Any], spools: tuple[int, int], cap: int) -> Outcome:
-    """The supervisor's result line as an Outcome, the captured bytes read from the spools."""
-    containment = result.get("containment", {})
-    if result["ended"] in ("not_found", "not_executable"):
+#: What an Outcome takes from the supervisor's Report as it is: the fields the two share, by name.
+_SHARED = tuple(name for name in Outcome._fields if name in Report._fields)
+
+
+def outcome(report: Report, spools: tuple[int, int], cap: int) -> Outcome:
+    """The supervisor's report as an Outcome, the captured bytes read from the spools."""
+    shared = {name: getattr(report, name) for name in _SHARED}
+    if report.ended in ("not_found", "not_executable"):
         empty = EMPTY_SHA256
-        return Outcome(
-            b"", b"", 0, 0, empty, empty, result["ended"], None, None, 0.0, result["error"], containment=containment
-        )
-    (out_total, out_sha), (err_total, err_sha) = result["streams"]
-    returncode = int(result["returncode"])
+        return Outcome(b"", b"", 0, 0, empty, empty, exit_code=None, signal=None, **{**shared, "elapsed": 0.0})
+    (out_total, out_sha), (err_total, err_sha) = report.streams
     try:
         stdout = os.pread(spools[0], min(out_total, cap), 0) if out_total else b""
         stderr = os.pread(spools[1], min(err_total, cap), 0) if err_total else b""
     except OSError as exc:
         msg = f"cannot read the output spool: {exc}"
         raise StorageError(msg) from exc
+    code = report.returncode
     return Outcome(
-        stdout=stdout,
-        stderr=stderr,
-        stdout_bytes=out_total,
-        stderr_bytes=err_total,
-        stdout_sha256=out_sha,
-        stderr_sha256=err_sha,
-        ended=result["ended"],
-        exit_code=returncode if returncode >= 0 else None,
-        signal=-returncode if returncode < 0 else None,
-        elapsed=float(result["elapsed"]),
-        stop_signal=result["stop_signal"],
-        deadline_overshoot=result["deadline_overshoot"],
-        exited_after_deadline=result["exited_after_deadline"],
-        killed=int(result["killed"]),
-        survivors=tuple(result["survivors"]),
-        cpu_user=float(result["cpu_user"]),
-        cpu_system=float(result["cpu_system"]),
-        peak_rss=int(result["peak_rss"]),
-        peak_rss_scope=result["peak_rss_scope"],
-        oom_kills=int(result["oom_kills"]),
-        process_cap_hit=bool(result["process_cap_hit"]),
-        containment=containment,
-        network=result.get("network"),
+        stdout,
+        stderr,
+        out_total,
+        err_total,
+        out_sha,
+        err_sha,
+        exit_code=code if code >= 0 else None,
+        signal=-code if code < 0 else None,
+        **shared,
     )
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import resource
 
-from ..limits import Limits
+from ..sandbox import Backend
+from ..types import Limits
 from ._cgroups import CallGroup
 from ._orders import Spec
-from .sandbox._base import Backend
 
 
 def for_exec(limits: Limits, group: CallGroup, backend: Backend) -> list[tuple[int, tuple[int, int]]]:

@@ -16,19 +16,17 @@ import resource
 import selectors
 import signal
 import time
-from typing import Any
 
+from .. import sandbox
 from ..errors import SandboxError
+from ..sandbox import Backend, bwrap
 from . import _reaper as reaper
-from . import sandbox
 from ._capture import Spool
 from ._cgroups import CallGroup
 from ._interrupts import SupervisorSignals as Signals
-from ._orders import Spec
+from ._orders import Report, Spec
 from ._rlimits import for_exec, take_callers
 from ._spawn import Child, spawn
-from .sandbox import bwrap, docker
-from .sandbox._base import Backend
 
 #: exec errors that mean "found, but cannot be run" (exit 126).
 _NOT_EXECUTABLE = frozenset(
@@ -46,8 +44,8 @@ def supervise(
     signals: Signals,
     subreaper: bool,
     group: CallGroup,
-) -> dict[str, Any]:
-    """Run the command of `spec` to its end; the result the supervisor reports."""
+) -> Report:
+    """Run the command of `spec` to its end; the report the supervisor sends."""
     limits = spec.limits
     backend = sandbox.backend(spec.backend)
     if backend.LIMITS_INSIDE:  # a container's: the client here is held to none of them
@@ -60,7 +58,7 @@ def supervise(
     take_callers(spec)
     network = None  # network "allow": the command's own namespace, and the proxy that is its one way out
     if spec.egress is not None:
-        from ._netns import CallNetwork  # its socket module is no other call's cost
+        from ..sandbox.network import CallNetwork  # its socket module is no other call's cost
 
         network = CallNetwork(spec.egress, spec.started)
     try:
@@ -72,9 +70,7 @@ def supervise(
             for which, value in rlimits:
                 resource.setrlimit(which, value)
 
-        base: dict[str, Any] = {
-            "containment": {**group.describe(limits.max_procs, limits.max_memory), "subreaper": subreaper}
-        }
+        containment = {**group.describe(limits.max_procs, limits.max_memory), "subreaper": subreaper}
         if backend.STATUS_FD is not None:
             status_r, status_w = os.pipe()
         if spec.stdin is not None:
@@ -82,7 +78,7 @@ def supervise(
         try:
             argv, bind_fds = bwrap.open_binds(spec.argv, spec.binds)
         except SandboxError as exc:
-            return {"fatal": exc.message}
+            return Report(fatal=exc.message)
         try:
             # Nothing to do between fork and exec (the usual case): the faster posix_spawn.
             plain = not rlimits and not group.child_must_join()
@@ -98,9 +94,9 @@ def supervise(
             )
         except OSError as exc:
             if exc.errno == errno.ENOENT:
-                return {**base, "ended": "not_found", "error": exc.strerror}
+                return Report("not_found", error=exc.strerror, containment=containment)
             if exc.errno in _NOT_EXECUTABLE:
-                return {**base, "ended": "not_executable", "error": exc.strerror}
+                return Report("not_executable", error=exc.strerror, containment=containment)
             raise
         finally:
             if status_w >= 0:
@@ -113,16 +109,16 @@ def supervise(
             status = b"" if network is None else network.start(status_r, spec.deadline)
         except OSError as exc:
             reaper.kill_all()  # bwrap still waits on us: it must not go on without the proxy
-            return {"fatal": f"the sandbox's network could not be set up: {exc.strerror or exc}"}
+            return Report(fatal=f"the sandbox's network could not be set up: {exc.strerror or exc}")
         watch = _Watch(spec, child, spools, control_fd, signals, group, spec.started, extra_procs, feed_w)
         feed_w = -1  # the watch closes it
-        report = watch.run(subreaper)
+        report = watch.run(subreaper)._replace(containment=containment)
         if network is not None:
-            report["network"] = network.finish()
+            report = report._replace(network=network.finish())
         if status_r >= 0:
             # bwrap says why a command never ran on its stderr: the one stream, when merged.
             report = _unwrapped(backend, report, status_r, spools[0] if spec.merge else spools[1], status)
-        return {**base, **report}
+        return report
     finally:
         if status_r >= 0:
             os.close(status_r)
@@ -133,7 +129,7 @@ def supervise(
         group.remove()
 
 
-def _unwrapped(backend: Backend, report: dict[str, Any], status_r: int, stderr: Spool, status: bytes) -> dict[str, Any]:
+def _unwrapped(backend: Backend, report: Report, status_r: int, stderr: Spool, status: bytes) -> Report:
     """A wrapped call's report in the command's terms: its own exit code, or why it never ran.
 
     bwrap states the command's exit code once the command has ended (a signal
@@ -146,13 +142,13 @@ def _unwrapped(backend: Backend, report: dict[str, Any], status_r: int, stderr: 
         read += chunk
     code = backend.exit_code(bytes(read))
     if code is not None:
-        return {**report, "returncode": code}
-    if report["ended"] != "exited" or report["returncode"] != 1:
+        return report._replace(returncode=code)
+    if report.ended != "exited" or report.returncode != 1:
         return report  # stopped by us, or bwrap itself killed (out of memory): as it is
     kind, reason = backend.failure(stderr.head(4096))
     if kind == "sandbox":
-        return {"fatal": f"the sandbox could not be set up: {reason}"}
-    return {"ended": kind, "error": reason}
+        return Report(fatal=f"the sandbox could not be set up: {reason}")
+    return Report(kind, error=reason, containment=report.containment)
 
 
 class _Watch:
@@ -196,7 +192,7 @@ class _Watch:
         #: The fallback process cap (no pids cgroup), counted every _SWEEP_INTERVAL.
         self.sweep_cap = spec.limits.max_procs + extra_procs if group.pids is None and not spec.container else 0
         #: Backend docker: the command's processes are in the container, signalled there.
-        self.inside = docker.Stops(spec) if spec.container else None
+        self.inside = self.backend.stops(spec.argv[0], spec.container, spec.env)
         self.next_sweep = started + _SWEEP_INTERVAL
         self.ended: str | None = None
         self.stop_signal: int | None = None
@@ -216,7 +212,9 @@ class _Watch:
             if self.inside is not None:
                 self.inside.signal("TERM")
             else:
-                reaper.signal_tree(self.child.pid, signal.SIGTERM, spare=self.backend.own(self.child.pid) or None)
+                reaper.signal_tree(
+                    self.child.pid, signal.SIGTERM, spare=self.backend.own(self.child.pid, reaper.children) or None
+                )
             self.stop_signal = signal.SIGTERM
             self.kill_at = time.monotonic() + grace
 
@@ -246,7 +244,7 @@ class _Watch:
         self.group.kill()
         reaper.signal_tree(self.child.pid, signal.SIGKILL)
 
-    def run(self, subreaper: bool) -> dict[str, Any]:
+    def run(self, subreaper: bool) -> Report:
         try:
             while self.exited_at is None:
                 self._step()
@@ -322,28 +320,28 @@ class _Watch:
         self.kill()
         return reaper.kill_all(known)
 
-    def _report(self, returncode: int, killed: int, survivors: list[int]) -> dict[str, Any]:
+    def _report(self, returncode: int, killed: int, survivors: list[int]) -> Report:
         assert self.exited_at is not None
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         peak = self.group.memory_peak()
-        return {
-            "ended": self.ended or "exited",
-            "returncode": returncode,
-            "elapsed": self.exited_at - self.started,
-            "stop_signal": self.stop_signal,
-            "deadline_overshoot": self.overshoot,
-            "exited_after_deadline": self.exited_at - self.spec.deadline if self.ended == "deadline" else None,
-            "killed": killed,
-            "survivors": survivors,
-            "oom_kills": self.group.oom_kills(),
-            "process_cap_hit": self.group.process_cap_hit() or self.ended == "process_limit",
-            "cpu_user": usage.ru_utime,
-            "cpu_system": usage.ru_stime,
+        return Report(
+            ended=self.ended or "exited",
+            returncode=returncode,
+            elapsed=self.exited_at - self.started,
+            stop_signal=self.stop_signal,
+            deadline_overshoot=self.overshoot,
+            exited_after_deadline=self.exited_at - self.spec.deadline if self.ended == "deadline" else None,
+            killed=killed,
+            survivors=tuple(survivors),
+            oom_kills=self.group.oom_kills(),
+            process_cap_hit=self.group.process_cap_hit() or self.ended == "process_limit",
+            cpu_user=usage.ru_utime,
+            cpu_system=usage.ru_stime,
             # ru_maxrss is in KiB on Linux: the largest single process. A memory cgroup gives the tree's peak.
-            "peak_rss": peak if peak is not None else usage.ru_maxrss * 1024,
-            "peak_rss_scope": "tree" if peak is not None else "largest_process",
-            "streams": [[spool.total, spool.sha256()] for spool in self.spools],
-        }
+            peak_rss=peak if peak is not None else usage.ru_maxrss * 1024,
+            peak_rss_scope="tree" if peak is not None else "largest_process",
+            streams=((self.spools[0].total, self.spools[0].sha256()), (self.spools[1].total, self.spools[1].sha256())),
+        )
 
 
 __all__ = ["supervise"]

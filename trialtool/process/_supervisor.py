@@ -27,7 +27,7 @@ from . import _reaper as reaper
 from ._capture import Spool
 from ._cgroups import CallGroup
 from ._interrupts import SupervisorSignals as Signals
-from ._orders import Spec, decode, input_size
+from ._orders import Report, Spec, decode, encode_report, input_size
 from ._running import supervise
 
 _PR_SET_PDEATHSIG = 1
@@ -39,7 +39,7 @@ def preload() -> None:
     import hashlib  # noqa: F401  (the spools hash what they keep)
 
     # Network "allow": its namespace and proxy, some 9 ms of imports that each call would pay again.
-    from . import _netns, _proxy  # noqa: F401
+    from ..sandbox.network import CallNetwork, Proxy  # noqa: F401
 
     prctl(0, 0, load_only=True)
 
@@ -86,7 +86,7 @@ def run_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, parent
     try:
         ready = _get_ready(parent_pid)
     except BaseException as exc:
-        _report_and_exit(result_fd, {"fatal": f"{type(exc).__name__}: {exc}"}, 1)
+        _report_and_exit(result_fd, Report(fatal=f"{type(exc).__name__}: {exc}"), 1)
     _serve_call(spool_fds, result_fd, control_fd, ready)
 
 
@@ -142,7 +142,7 @@ def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, rea
     except BaseException as exc:
         # The one broad except: whatever failed, trial-tool must hear of it, and this
         # forked copy of trial-tool must never return into trial-tool's own code.
-        result = {"fatal": f"{type(exc).__name__}: {exc}"}
+        result = Report(fatal=f"{type(exc).__name__}: {exc}")
         try:
             reaper.kill_all()
         except BaseException:
@@ -150,9 +150,9 @@ def _serve_call(spool_fds: tuple[int, int], result_fd: int, control_fd: int, rea
     _report_and_exit(result_fd, result, code)
 
 
-def _report_and_exit(result_fd: int, result: dict[str, Any], code: int) -> NoReturn:
+def _report_and_exit(result_fd: int, result: Report, code: int) -> NoReturn:
     try:
-        write_all(result_fd, json.dumps(result).encode() + b"\n")
+        write_all(result_fd, encode_report(result))
         os.close(result_fd)  # the call is over: trial-tool need not wait for this process to go
     finally:
         os._exit(code)

@@ -16,8 +16,8 @@ import json
 import shlex
 from typing import Any, NamedTuple
 
-from .. import clipping, tokens
 from ..ledger import GRADING_ALLOWANCE
+from ..output import clipping, tokens
 
 #: The columns of one call's row, in order, with their kinds (export's schema; docs/graders.md): every
 #: field a record has but the captured bytes (in the log; `export --text` adds the text delivered).

@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from ..errors import TrialToolError, UsageError
 from ..ledger import START
-from ..limits import Limits
+from ..types import Limits
 from . import calls as call_rows
 from .render import spreadsheet_safe
 

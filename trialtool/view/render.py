@@ -8,7 +8,7 @@ import os
 import shutil
 from typing import IO, Any
 
-from ..limits import Limits
+from ..types import Limits
 from .calls import command_text, instant
 
 #: Every pinned limit, in the order of `Limits`.

@@ -14,10 +14,9 @@ import os
 from collections import Counter
 from typing import Any
 
-from .. import budget
 from ..errors import StateError, TrialToolError
 from ..ledger import GRADING, REFUSED, REPAIR, START, TrialState, audit, decode, liveness, snapshot, verify, whole
-from ..limits import LATER_FIELDS, Limits
+from ..types import LATER_FIELDS, Limits, budget
 from .calls import mapping, typed
 
 #: Which budget a refusal status speaks of.
