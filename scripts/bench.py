@@ -3,7 +3,7 @@
 
     python scripts/bench.py [--runs N] [--trial-tool PATH]
     python scripts/bench.py --trials DIR [--replicate K]    # the graders' view over real trials
-    python scripts/bench.py --docker                         # the docker backend's figures only
+    python scripts/bench.py --docker                         # the container backends' figures only
     python scripts/bench.py --egress                         # the egress allowlist's figures only
 
 
@@ -101,7 +101,7 @@ def median(step, n=runs * 10):
 with Trial(root / "b.json", root / "b.jsonl", limits={"sandbox": "bwrap", "workspace": str(root / "ws")}) as trial:
     trial.run(["true"])
     state = trial.status()
-    plan = trial._preflight.plan(state.sandbox)
+    plan = trial._preflight.session(state.sandbox)
     check = lambda: plan.check(str(root / "ws"), state.trial_id)
     out["identity checks (bwrap, pins, own files, layout)"] = median(check)
 listener = socket.socket(socket.AF_UNIX)
@@ -372,18 +372,18 @@ _DOCKER = r"""
 import json, os, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 from trialtool import Trial
-runs, image, docker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+runs, image, docker, engine = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[5]
 root = Path(tempfile.mkdtemp(dir=sys.argv[4]))
 out = {}
 def limits(mode, ws):
-    extra = {"image": image} if mode == "docker" else {}
+    extra = {"image": image} if mode == engine else {}
     return {"max_calls": 10**6, "max_tokens": 10**9, "sandbox": mode, "workspace": str(ws), **extra}
 def trial(name, mode):
     (root / name / "ws").mkdir(parents=True)
     return Trial(root / name / "s.json", root / name / "l.jsonl", limits=limits(mode, root / name / "ws"))
 names = []
 try:
-    with trial("warm", "docker") as t:
+    with trial("warm", engine) as t:
         first = time.perf_counter()
         t.run(["true"])
         out["first call (starts the container)"] = time.perf_counter() - first
@@ -412,15 +412,15 @@ try:
             tooled.append(time.perf_counter() - s)
         out["bare echo"] = statistics.median(bare)
         out["trial-tool, --sandbox none"] = statistics.median(tooled)
-    for mode in ("docker", "bwrap"):
+    for mode in (engine, "bwrap"):
         s = time.perf_counter()
         for index in range(20):
             with trial(f"{mode}-{index}", mode) as t:
                 for _ in range(5):
                     t.run(["sh", "-c", "echo hello; ls / > /dev/null"], cwd=str(root / f"{mode}-{index}" / "ws"))
-                if mode == "docker":
+                if mode == engine:
                     names.append("trialtool-" + t.status().trial_id)
-        out[f"20 trials of 5 calls, {mode}"] = time.perf_counter() - s
+        out[f"20 trials of 5 calls, {'engine' if mode == engine else mode}"] = time.perf_counter() - s
 finally:
     if names:
         subprocess.run([docker, "rm", "--force", *names], capture_output=True)
@@ -428,19 +428,19 @@ print(json.dumps(out))
 """
 
 
-def docker_figures(work: Path, python: str, runs: int) -> None:
-    """The docker backend: a call over a bare `docker exec` in the same container, a trial's first call,
-    and 20 trials against the bwrap backend's, on the same commands."""
-    print("\nthe docker backend, median ms (warm API, `echo hello`):")
-    docker = shutil.which("docker")
+def docker_figures(work: Path, python: str, runs: int, engine: str = "docker") -> None:
+    """A container backend (docker's, podman's): a call over a bare `exec` in the same container, a trial's
+    first call, and 20 trials against the bwrap backend's, on the same commands."""
+    print(f"\nthe {engine} backend, median ms (warm API, `echo hello`):")
+    docker = shutil.which(engine)
     busybox = "/usr/bin/busybox"
     if docker is None or subprocess.run([docker, "info"], capture_output=True).returncode != 0:
-        print("  not measured: no container engine answers here")
+        print(f"  not measured: no {engine} engine answers here")
         return
     if not os.path.exists(busybox):
         print("  not measured: the bench's image is built from busybox-static, not installed")
         return
-    root = work / "image"
+    root = work / f"image-{engine}"
     for name in ("bin", "tmp", "proc", "dev", "etc"):
         (root / name).mkdir(parents=True, exist_ok=True)
     shutil.copy2(busybox, root / "bin" / "busybox")
@@ -451,14 +451,17 @@ def docker_figures(work: Path, python: str, runs: int) -> None:
     subprocess.run([docker, "import", "-", tag], input=tar.stdout, capture_output=True, check=True)
     try:
         done = subprocess.run(
-            [python, "-c", _DOCKER, str(runs), tag, docker, str(work)], capture_output=True, text=True, check=True
+            [python, "-c", _DOCKER, str(runs), tag, docker, str(work), engine],
+            capture_output=True,
+            text=True,
+            check=True,
         )
     finally:
         subprocess.run([docker, "image", "rm", "--force", tag], capture_output=True)
     figures = json.loads(done.stdout)
     bare, tooled = figures["bare docker exec"], figures["trial-tool over it (warm API)"]
     verdict = "meets" if (tooled - bare) * 1000 <= TARGET_DOCKER_MS else "MISSES"
-    print(f"  bare `docker exec`           {bare * 1000:8.1f}")
+    print(f"  bare `{engine} exec`{' ' * (17 - len(engine))}{bare * 1000:8.1f}")
     over = (tooled - bare) * 1000
     print(f"  through trial-tool           {tooled * 1000:8.1f}  +{over:.1f}  {verdict} {TARGET_DOCKER_MS:.0f}")
     plain, unboxed = figures["bare echo"], figures["trial-tool, --sandbox none"]
@@ -466,8 +469,9 @@ def docker_figures(work: Path, python: str, runs: int) -> None:
     print(f"    of which trial-tool's own per-call cost (--sandbox none over a bare spawn): {own:.1f}")
     print(f"    and the container's checks and its exec's script: {over - own:.1f}")
     print(f"  a trial's first call (starts its container)  {figures['first call (starts the container)'] * 1000:.0f}")
-    for mode in ("docker", "bwrap"):
-        print(f"  20 trials of 5 calls, {mode:<7} {figures[f'20 trials of 5 calls, {mode}']:8.2f} s")
+    for mode in ("engine", "bwrap"):
+        shown = engine if mode == "engine" else mode
+        print(f"  20 trials of 5 calls, {shown:<7} {figures[f'20 trials of 5 calls, {mode}']:8.2f} s")
 
 
 def sandbox_unavailable() -> str | None:
@@ -863,13 +867,14 @@ def main() -> int:
     parser.add_argument("--trial-tool", default=shutil.which("trial-tool") or "trial-tool")
     parser.add_argument("--trials", type=Path, help="only the graders' figures, over the trials in this directory")
     parser.add_argument("--replicate", type=int, default=1, help="with --trials: also over K hard-linked copies")
-    parser.add_argument("--docker", action="store_true", help="only the docker backend's figures")
+    parser.add_argument("--docker", action="store_true", help="only the container backends' figures (docker, podman)")
     parser.add_argument("--egress", action="store_true", help="only the egress allowlist's figures")
     args = parser.parse_args()
     if args.docker or args.egress:
         work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))
         if args.docker:
-            docker_figures(work, sys.executable, args.runs)
+            for engine in ("docker", "podman"):
+                docker_figures(work, sys.executable, args.runs, engine)
         else:
             os.environ["TRIALTOOL_SERVER"] = "off"
             egress_figures(args.trial_tool, work, sys.executable, args.runs)
@@ -930,7 +935,8 @@ def main() -> int:
     stopping(tool, work, python, no_output)
     sandbox_figures(tool, work, python, args.runs)
     home_figures(tool, work, args.runs)
-    docker_figures(work, python, args.runs)
+    for engine in ("docker", "podman"):
+        docker_figures(work, python, args.runs, engine)
     egress_figures(tool, work, python, args.runs)
     trust_figures(python, args.runs)
     server_figures(tool, work, python, args.runs)

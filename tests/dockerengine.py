@@ -1,12 +1,14 @@
-"""A container engine for the tests: an image built here offline, and every container and image made removed.
+"""The container engines for the tests: an image built here offline, and every container and image made removed.
 
-The image is `docker import` of a root holding busybox-static (no registry is
-reachable); the session's fixture `engine` skips, saying why, where no engine
-answers or busybox-static is missing.
+The fixture `engine` is each container backend in turn, docker's and podman's:
+the same tests run through both. The image is `import` of a root holding
+busybox-static (no registry is reachable); the fixture skips, saying why, where
+an engine does not answer or busybox-static is missing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -50,16 +52,20 @@ APPLETS = (
 )
 
 
-def _client() -> str | None:
-    path = shutil.which("docker")
+#: Each container backend, and the question that tells whether its engine answers.
+ENGINES = {"docker": ("info", "--format", "{{.ServerVersion}}"), "podman": ("info", "--format", "{{.Version.Version}}")}
+
+
+def _client(mode: str) -> str | None:
+    path = shutil.which(mode)
     if path is None:
         return None
-    done = subprocess.run([path, "info", "--format", "{{.ServerVersion}}"], capture_output=True, timeout=60)
+    done = subprocess.run([path, *ENGINES[mode]], capture_output=True, timeout=60)
     return path if done.returncode == 0 else None
 
 
 #: Every image these tests built, by id: removed at the end, whatever became of their tags.
-BUILT: list[str] = []
+BUILT: list[tuple[str, str]] = []
 
 
 def build(docker: str, root: Path, tag: str, extra: str = "") -> str:
@@ -74,15 +80,16 @@ def build(docker: str, root: Path, tag: str, extra: str = "") -> str:
     image_id = subprocess.run(
         [docker, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True, check=True
     ).stdout.strip()
-    BUILT.append(image_id)
+    BUILT.append((docker, image_id))
     return image_id
 
 
 class Engine:
     """The engine as these tests use it: their image, their containers, and a look inside."""
 
-    def __init__(self, docker: str, tag: str, image_id: str, root: Path) -> None:
-        self.docker, self.tag, self.image_id, self.root = docker, tag, image_id, root
+    def __init__(self, mode: str, docker: str, tag: str, image_id: str, root: Path) -> None:
+        #: The backend's name (`--sandbox`), and its engine's client.
+        self.mode, self.docker, self.tag, self.image_id, self.root = mode, docker, tag, image_id, root
 
     def name_of(self, trial: TrialFiles) -> str:
         return f"trialtool-{trial.state_json()['trial_id']}"
@@ -104,29 +111,38 @@ class Engine:
     def containers(self) -> list[str]:
         """The names of the containers whose trial lives under this test run's root."""
         done = subprocess.run(
-            [self.docker, "ps", "--all", "--filter", "label=trialtool.trial", "--format",
-             '{{.Names}}\t{{.Label "trialtool.state"}}'],
+            [self.docker, "ps", "--all", "--filter", "label=trialtool.trial", "--format", "{{.Names}}"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
-        rows = [line.split("\t") for line in done.stdout.splitlines() if line]
-        return [name for name, state in rows if state.startswith(str(self.root))]
+        names = done.stdout.split()
+        if not names:
+            return []
+        # Labels from `inspect`, whose JSON both engines share (their `ps` templates differ).
+        found = subprocess.run([self.docker, "container", "inspect", *names], capture_output=True, check=True)
+        return [
+            data["Name"].lstrip("/")
+            for data in json.loads(found.stdout)
+            if (data["Config"].get("Labels") or {}).get("trialtool.state", "").startswith(str(self.root))
+        ]
 
 
-@pytest.fixture(scope="session")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    docker = _client()
+@pytest.fixture(scope="session", params=sorted(ENGINES))
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    mode: str = request.param
+    docker = _client(mode)
     if docker is None:
-        pytest.skip("no container engine answers here (install docker.io and start dockerd; .ci/run does)")
+        install = "docker.io, and start dockerd" if mode == "docker" else "podman and catatonit"
+        pytest.skip(f"no {mode} engine answers here (install {install}; .ci/run does)")
     if not os.path.exists(BUSYBOX):
         pytest.skip("the test image is built from busybox-static (apt-get install busybox-static; .ci/run does)")
     # Every trial of this run (this worker's) lives under its base temporary directory.
     root = tmp_path_factory.getbasetemp()
     tag = f"trialtool-test-{uuid.uuid4().hex[:12]}:busybox"
-    found = Engine(docker, tag, build(docker, tmp_path_factory.mktemp("docker"), tag), root)
+    found = Engine(mode, docker, tag, build(docker, tmp_path_factory.mktemp(mode), tag), root)
     try:
         yield found
     finally:
         for name in found.containers():
             subprocess.run([docker, "rm", "--force", name], capture_output=True, timeout=120)
-        for image_id in BUILT:
+        for image_id in [image for client, image in BUILT if client == docker]:
             subprocess.run([docker, "image", "rm", "--force", image_id], capture_output=True, timeout=120)

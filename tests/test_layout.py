@@ -240,3 +240,62 @@ def test_integrations_import_only_the_public_api() -> None:
                 continue
             assert target == "trialtool", f"{name} imports {target}, not the public API"
             assert set(names) <= set(trialtool.__all__), f"{name} takes {names} from trialtool"
+
+
+def _backend_names() -> set[str]:
+    from trialtool import sandbox
+
+    return set(sandbox.BACKENDS)
+
+
+def _constants(node: ast.AST) -> set[str]:
+    """The strings a comparison's operand is made of (a literal, or a tuple, list or set of them)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return set().union(*(_constants(item) for item in node.elts)) if node.elts else set()
+    return set()
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the constants that are docstrings or bare strings (comments, not code)."""
+    return {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    }
+
+
+def test_only_the_registry_decides_by_a_backends_name() -> None:
+    """No `if mode == "docker"` anywhere: what differs between backends is each backend's to say."""
+    names = _backend_names()
+    for name, path in MODULES.items():
+        if name == "trialtool.sandbox._backends":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            named = set().union(*(_constants(operand) for operand in operands)) & names
+            about = " ".join(ast.unparse(operand) for operand in operands)
+            # A mode, or the `sandbox` setting (`settings.get("sandbox")`): not a network's "none".
+            about_mode = "mode" in about or "'sandbox'" in about
+            assert not (named and about_mode), f"{name}:{node.lineno}: {about}"
+
+
+def test_no_module_outside_the_sandbox_room_names_a_backend() -> None:
+    """The registry row is the one list: adding a backend touches nothing in the ledger, the call or the doors.
+
+    "none" is a network's name and a word too, so only the others are looked for here (the
+    comparison test above catches a mode compared with "none"). The integrations name their
+    harnesses' own sandboxes ("docker" is inspect's), not trial-tool's backends.
+    """
+    names = _backend_names() - {"none"}
+    for name, path in MODULES.items():
+        if _room(name) in ("sandbox", "integrations"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        comments = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and id(node) not in comments and node.value in names:
+                raise AssertionError(f"{name}:{node.lineno} names the backend {node.value!r}")

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from trialtool.process._capture import EMPTY_SHA256
+from trialtool.process._orders import Report
 from trialtool.process._outcome import Outcome
 from trialtool.trial._verdict import judge
 from trialtool.types._limits import Limits
@@ -16,20 +17,11 @@ LIMITS = Limits(max_capture_bytes=100, max_procs=8, max_memory=1 << 30, max_cpu_
 
 
 def outcome(ended: str = "exited", exit_code: int | None = 0, sig: int | None = None, **fields: Any) -> Outcome:
-    base: dict[str, Any] = {
-        "stdout": b"",
-        "stderr": b"",
-        "stdout_bytes": 0,
-        "stderr_bytes": 0,
-        "stdout_sha256": EMPTY_SHA256,
-        "stderr_sha256": EMPTY_SHA256,
-        "ended": ended,
-        "exit_code": exit_code,
-        "signal": sig,
-        "elapsed": 0.1,
-    }
-    base.update(fields)
-    return Outcome(**base)
+    """An Outcome as the supervisor would report it: `sig` as minus its number, the streams' sizes as given."""
+    sizes = fields.pop("stdout_bytes", 0), fields.pop("stderr_bytes", 0)
+    streams = ((sizes[0], EMPTY_SHA256), (sizes[1], EMPTY_SHA256))
+    code = -sig if sig is not None else exit_code
+    return Outcome(b"", b"", Report(ended, code, 0.1, streams=streams, **fields))
 
 
 class Stop:

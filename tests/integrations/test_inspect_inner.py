@@ -159,6 +159,7 @@ def shell() -> Tool:
     return execute
 
 
+@pytest.mark.parametrize("engine", ["docker"], indirect=True)  # the test's own container sandbox runs docker
 def test_a_deadline_in_a_container_sandbox_leaves_nothing_there(tmp_path: Path, engine: Engine) -> None:
     """busybox's `timeout` signals the command only; the sweep after the deadline takes what it started."""
     plan = [

@@ -170,6 +170,7 @@ def test_the_example_runs(tmp_path: Path) -> None:
     assert statuses == ["ok", "ok", "maximum_tool_calls"]
 
 
+@pytest.mark.parametrize("engine", ["docker"], indirect=True)  # mini's docker environment: trial-tool's docker
 def test_over_a_container_of_the_tasks_image(tmp_path: Path, engine: Engine) -> None:
     """TrialDockerEnvironment: mini's docker settings, each command a call in the trial's own container."""
     state, log = tmp_path / "run" / "state.json", tmp_path / "run" / "log.jsonl"

@@ -29,7 +29,7 @@ def boxed(tmp_path: Path, engine: Engine, cli_mode: str) -> TrialFiles:
 
 def flags(engine: Engine, trial: TrialFiles, *more: str) -> tuple[str, ...]:
     workspace = str(trial.root / "ws")
-    return ("--sandbox", "docker", "--image", engine.tag, "--workspace", workspace, *more)
+    return ("--sandbox", engine.mode, "--image", engine.tag, "--workspace", workspace, *more)
 
 
 def run(
@@ -55,7 +55,7 @@ def test_a_call_runs_in_the_trials_container_and_its_record_says_which(boxed: Tr
     assert second["container"]["made"] is None and second["container"]["id"] == first["container"]["id"]
     pinned = boxed.state_json()["sandbox"]
     assert (pinned["mode"], pinned["image"], pinned["image_id"], pinned["network"]) == (
-        "docker",
+        engine.mode,
         engine.tag,
         engine.image_id,
         "none",
@@ -82,7 +82,7 @@ def test_a_deadline_leaves_nothing_running_in_the_container(boxed: TrialFiles, e
     assert record["status"] == "timeout" and record["stop_signal"] == 9  # TERM was ignored: KILL after the grace
     assert record["elapsed_seconds"] < 30
     left = engine.processes(engine.name_of(boxed))
-    assert len(left) == 2 and "docker-init" in left[0], left  # the container's own init and its waiting shell
+    assert len(left) == 2 and f"{engine.mode}-init" in left[0], left  # the container's own init and its waiting shell
 
 
 def test_a_command_that_ends_leaves_nothing_behind(boxed: TrialFiles, engine: Engine) -> None:
@@ -146,7 +146,7 @@ def test_the_trials_files_are_not_in_the_container(boxed: TrialFiles, engine: En
 
 def test_a_state_inside_the_workspace_is_refused_before_anything_is_charged(tmp_path: Path, engine: Engine) -> None:
     inside = TrialFiles(tmp_path)
-    done = inside.call("true", flags=("--sandbox", "docker", "--image", engine.tag), cwd=tmp_path, timeout=120)
+    done = inside.call("true", flags=("--sandbox", engine.mode, "--image", engine.tag), cwd=tmp_path, timeout=120)
     assert done.returncode == EXIT_INTERNAL, done.stderr
     assert b"keep the state, log and key files outside the workspace" in done.stderr
     assert not inside.state.exists()  # nothing made, nothing charged
@@ -215,7 +215,7 @@ def test_report_is_clean_and_tells_images_apart(tmp_path: Path, engine: Engine) 
         other_id = build(engine.docker, tmp_path / "image", other, extra="another image")
         (tmp_path / "c" / "ws").mkdir(parents=True)
         odd = TrialFiles(tmp_path / "c")
-        done = odd.call("true", flags=("--sandbox", "docker", "--image", other, "--workspace", str(odd.root / "ws")))
+        done = odd.call("true", flags=("--sandbox", engine.mode, "--image", other, "--workspace", str(odd.root / "ws")))
         assert done.returncode == 0, done.stderr
         subprocess.run([engine.docker, "rm", "--force", engine.name_of(odd)], capture_output=True, timeout=60)
     finally:

@@ -163,7 +163,7 @@ def test_under_bwrap_a_command_leaves_nothing_privileged(laid_out: Path, run_as:
 @needs_root
 @pytest.mark.parametrize("run_as", [None, "root"])
 def test_under_docker_a_command_leaves_nothing_privileged(laid_out: Path, engine: Engine, run_as: str | None) -> None:
-    flags = ("--sandbox", "docker", "--image", engine.tag, *(("--run-as", run_as) if run_as else ()))
+    flags = ("--sandbox", engine.mode, "--image", engine.tag, *(("--run-as", run_as) if run_as else ()))
     done = call(laid_out, ATTACK + "id -u\n", *flags)
     assert done.returncode == 0 and done.stdout.splitlines()[0] == "attacked", done.stderr
     assert done.stdout.splitlines()[-1] == ("0" if run_as else str(NOBODY))
@@ -177,7 +177,7 @@ def test_a_root_harness_files_are_handed_to_the_containers_user(laid_out: Path, 
     (workspace / "sub" / "given").write_text("by the harness\n")
     (workspace / "outside").symlink_to("/etc/hostname")  # a link is changed itself, never what it names
     before = os.stat("/etc/hostname")
-    flags = ("--sandbox", "docker", "--image", engine.tag)
+    flags = ("--sandbox", engine.mode, "--image", engine.tag)
     done = call(laid_out, "echo more >> sub/given && rm sub/given && mkdir -p a/b && echo x > a/b/f && id -u", *flags)
     assert done.returncode == 0 and done.stdout == f"{NOBODY}\n", done.stderr
     (workspace / "later").write_text("written between calls\n")
@@ -276,6 +276,7 @@ def test_a_plain_user_can_remove_all_its_bwrap_command_left(nobody_root: Path) -
 
 
 @needs_root
+@pytest.mark.parametrize("engine", ["docker"], indirect=True)  # a plain user reaches docker's daemon by its group
 def test_a_plain_user_can_remove_all_its_container_command_left(nobody_root: Path, engine: Engine) -> None:
     try:
         docker_group = grp.getgrnam("docker").gr_gid

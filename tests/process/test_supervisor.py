@@ -112,6 +112,6 @@ def test_interrupt_arriving_with_the_orders_stops_the_command(tmp_path: Path, ma
     finally:
         os.close(read_end)
         os.close(write_end)
-    assert outcome.ended == "interrupted"
-    assert outcome.elapsed < 20
+    assert outcome.report.ended == "interrupted"
+    assert outcome.report.elapsed < 20
     assert marked(marker) == []

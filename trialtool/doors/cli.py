@@ -111,12 +111,10 @@ def _run_call(args: Arguments, tool_argv: list[str]) -> int:
         # After the fork, so that the supervisor gets ready meanwhile; before the command
         # starts, so that it cannot open this process's stdout through /proc.
         make_undumpable()
-        if args.sandbox != "none":
-            from .. import sandbox
+        from .. import sandbox
 
-            sandbox.probe_ahead(
-                os.path.abspath(args.state)
-            )  # whether the pinned bwrap runs, found out while the rest loads
+        # What the pinned backend's check waits on (bwrap's probe), started while the rest loads.
+        sandbox.probe_ahead(os.path.abspath(args.state))
         from ..process import InterruptWatch
         from ..trial import use_launcher
         from .fromflags import request_of, trial_of

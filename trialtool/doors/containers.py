@@ -1,10 +1,11 @@
-"""`trial-tool close` and `trial-tool gc`: the containers of `--sandbox docker` trials, ended.
+"""`trial-tool close` and `trial-tool gc`: what a trial's backend keeps between its calls, ended.
 
-A trial's container lives from its first call until `close` removes it (its
-files stay, and a later call starts a new one). `gc` removes, among the
-containers trial-tool made (by their label), those whose trial is over: its
-state file is gone or holds another trial, or its budget is spent. A trial
-whose state cannot be read as this user (a keyed trial, say) is left alone.
+A container trial's container lives from its first call until `close` removes
+it (its files stay, and a later call starts a new one). `gc` removes, among
+what every backend keeps for trials on this machine (the containers trial-tool
+made, by their label), what belongs to a trial that is over: its state file is
+gone or holds another trial, or its budget is spent. A trial whose state cannot
+be read as this user (a keyed trial, say) is left alone.
 """
 
 from __future__ import annotations
@@ -17,19 +18,14 @@ from .options import Arguments
 
 
 def remove_container(trial: Trial) -> bool:
-    """Stop and remove `trial`'s container (--sandbox docker), if it has one; whether it had.
+    """Stop and remove `trial`'s container (a container backend's), if it has one; whether it had.
 
     The trial's files stay; a later call starts a new container, and its record says so.
     """
     from .. import sandbox
 
     state = trial.status()
-    pinned = state.sandbox
-    if pinned.mode != "docker" or pinned.binary is None:
-        return False
-    # The trial's own client, pinned: checked, never looked up again.
-    sandbox.docker.check_binary(pinned.binary)
-    return sandbox.docker.remove(pinned.binary.path, sandbox.docker.name_of(state.trial_id))
+    return sandbox.backend(state.sandbox.mode).close(state.sandbox, state.trial_id)
 
 
 def sweep_command() -> list[str]:
@@ -41,7 +37,7 @@ def sweep_command() -> list[str]:
     """
     from .. import sandbox
 
-    return sandbox.docker.sweep_argv("KILL")
+    return sandbox.sweep_argv("KILL")
 
 
 def close(args: Arguments) -> int:
@@ -59,12 +55,12 @@ def close(args: Arguments) -> int:
 def gc(args: Arguments) -> int:
     from .. import sandbox
 
-    client = sandbox.docker.client()
-    for name, trial_id, state_path, log_path in sandbox.docker.listed(client):
-        why = _over(trial_id, state_path, log_path)
-        if why is not None:
-            sandbox.docker.remove(client, name)
-            print(f"removed {name}: {why}")
+    for row in sandbox.BACKENDS.values():
+        for left in row.leftovers():
+            why = _over(left.trial_id, left.state_path, left.log_path)
+            if why is not None:
+                left.remove()
+                print(f"removed {left.name}: {why}")
     return 0
 
 

@@ -92,9 +92,16 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
         "text",
         _CALLING,
         _LIMIT,
-        "run commands in a sandbox: none, bwrap, docker (with --image), or auto (default: bwrap where it runs)",
+        "run commands in a sandbox: none, bwrap, docker or podman (with --image), or auto (bwrap where it runs)",
     ),
-    ("--image", "image", "text", _CALLING, _LIMIT, "the container image of --sandbox docker (pinned by its id)"),
+    (
+        "--image",
+        "image",
+        "text",
+        _CALLING,
+        _LIMIT,
+        "the container image of --sandbox docker or podman (pinned by its id)",
+    ),
     (
         "--network",
         "network",

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, UsageError
 from ..osio import plain, require_directory
-from ..sandbox import Available, ContainerAvailable
+from ..sandbox import PinSandbox
 from ..types import FLAG_OF, budget
 from . import _audit as audit
 from . import _clock as clock
@@ -63,8 +63,7 @@ class Ledger:
         key: bytes | None = None,
         owner: tuple[int, str | None] | None = None,
         stop_leftovers: StopLeftovers | None = None,
-        sandbox_available: Available | None = None,
-        container_available: ContainerAvailable | None = None,
+        pin_sandbox: PinSandbox | None = None,
     ) -> None:
         if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, int | float) or not 0 <= lock_timeout < 1e9:
             msg = f"the lock timeout must be a number of seconds, 0 or more, not {plain(lock_timeout)}"
@@ -75,10 +74,9 @@ class Ledger:
         self.directory = os.path.dirname(self.state_path) or "."
         self.lock_timeout = lock_timeout
         self.chain = audit.Chain(key)
-        #: The sandbox seam's answers to "which bwrap can run here" and "which container client
-        #: and image" (sandbox/), for a trial's creation: handed in, since the ledger
-        #: imports nothing of the process room.
-        self.store = Store(self.state_path, self.log_path, self.chain, sandbox_available, container_available)
+        #: What pins a new trial's sandbox on this machine (the sandbox room's `pin`): handed in by the
+        #: call (trial/), so that a ledger used on its own probes nothing; None pins no sandbox.
+        self.store = Store(self.state_path, self.log_path, self.chain, pin_sandbox)
         self._owner = owner
         self._stop_leftovers = stop_leftovers
         #: Calls this process reserved and gave up on (a failed commit): recover them

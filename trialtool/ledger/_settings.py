@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from ..sandbox import settings as sandbox
+from .. import sandbox
 from ..types import Limits
 from ..types import limits as limit_rules
 from . import _labels as labels
@@ -34,7 +34,7 @@ class Settings(NamedTuple):
     def of(cls, overrides: Mapping[str, Any] | None = None) -> Settings:
         """Settings from a `limits` dict as `Trial` takes it (with `labels`); UsageError naming a bad one."""
         given_labels, rest = labels.split(dict(overrides or {}))
-        limits, settings = sandbox.split(rest)
+        limits, settings = sandbox.settings.split(rest)
         return cls(
             limit_rules.from_overrides(limits),
             tuple(limits),

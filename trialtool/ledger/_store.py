@@ -19,8 +19,8 @@ import os
 import time
 from typing import Any
 
+from .. import sandbox
 from ..errors import StateError
-from ..sandbox import settings as sandbox
 from ..types import Limits
 from ..types import limits as limit_rules
 from . import _audit as audit
@@ -41,15 +41,13 @@ class Store:
         state_path: str,
         log_path: str,
         chain: audit.Chain,
-        sandbox_available: sandbox.Available | None = None,
-        container_available: sandbox.ContainerAvailable | None = None,
+        pin_sandbox: sandbox.PinSandbox | None = None,
     ) -> None:
         self.state_path = state_path
         self.log_path = log_path
         self.chain = chain
-        #: Which bwrap can run here, and which container client and image, asked when a trial is created (sandbox.pin).
-        self.sandbox_available = sandbox_available
-        self.container_available = container_available
+        #: What pins a new trial's sandbox on this machine (the sandbox room's `pin`); None: none can run.
+        self.pin_sandbox = pin_sandbox
         #: (log stamp, head, last record's summary) as this process last wrote or checked the log.
         self._trusted: tuple[list[int], audit.LogHead, dict[str, Any] | None] | None = None
 
@@ -80,15 +78,15 @@ class Store:
         given one log at once, the second is refused here, before anything ran, rather
         than after its command, when its record could no longer be kept.
         """
-        sandbox = state.sandbox.as_json()
+        pinned = state.sandbox.as_json()
         record = records.start(
             trial_id=state.trial_id,
             limits=state.limits._asdict(),
             # A container's image too (by its id): the rules the trial's calls run under.
             sandbox={
-                name: sandbox[name]
+                name: pinned[name]
                 for name in ("mode", "network", "allow", "workspace", "writable", "image", "image_id")
-                if name in sandbox
+                if name in pinned
             },
             labels=state.labels,
             at_utc=state.started_at_utc,
@@ -141,11 +139,14 @@ class Store:
                 msg = f"no trial at {self.state_path}: create it with `trial-tool init` or a first call"
                 raise StateError(msg)
             given = None if settings.labels is None else dict(settings.labels)
-            pinned = sandbox.pin(dict(settings.sandbox), self.sandbox_available, self.container_available)
+            if self.pin_sandbox is None:
+                pinned = sandbox.pin(settings.sandbox, here=False)
+            else:
+                pinned = self.pin_sandbox(settings.sandbox)
             return self.new_state(settings.limits, pinned, given)
         labels.check_pinned(state.labels, None if settings.labels is None else dict(settings.labels))
         limit_rules.check_given(state.limits, settings.limits, settings.given)
-        sandbox.check_pinned(state.sandbox, dict(settings.sandbox))
+        sandbox.check_pinned(state.sandbox, settings.sandbox)
         tail = self._read_tail(state.log)
         last = tail.last
         if tail.extra:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._forkserver import ForkServer
     from ._interrupts import Cancellation, InterruptWatch
     from ._launcher import Launcher
-    from ._orders import Spec
+    from ._orders import Report, Spec
     from ._outcome import Outcome
 
 _FACE = {
@@ -39,6 +39,7 @@ _FACE = {
     "kill_leftovers": "_cgroups",
     "Launcher": "_launcher",
     "Outcome": "_outcome",
+    "Report": "_orders",
     "Spec": "_orders",
 }
 
@@ -53,6 +54,7 @@ __all__ = [
     "InterruptWatch",
     "Launcher",
     "Outcome",
+    "Report",
     "Spec",
     "environment",
     "kill_leftovers",

@@ -30,8 +30,8 @@ class Spec(NamedTuple):
     deadline: float
     #: The trial's pinned limits: the capture cap, the kill grace and the resource limits.
     limits: Limits
-    #: The sandbox backend `argv` is a command line of (sandbox/): "none", or "bwrap", whose
-    #: status descriptor is read, its exit code taken from it, and its own processes spared the stop's SIGTERM.
+    #: The sandbox backend `argv` is a command line of, by its registry name (sandbox/): it says which
+    #: descriptor reports the exit status, which processes are its own, and where a stop signals the command.
     backend: str = "none"
     #: The caller's umask and resource limits ((resource, soft, hard)), when the caller is
     #: not the process the supervisor was forked from (the per-user server's callers).
@@ -41,11 +41,11 @@ class Spec(NamedTuple):
     stdin: bytes | None = None
     #: One pipe for stdout and stderr, read in the order written (the stderr spool stays empty).
     merge: bool = False
-    #: Pinned paths bwrap binds from a descriptor: (index in argv of its descriptor argument,
-    #: path, device, inode). Opened and checked in the supervisor, just before bwrap starts (sandbox/_pinned.py).
+    #: Pinned paths the backend binds from a descriptor: (index in argv of its descriptor argument,
+    #: path, device, inode). Opened and checked in the supervisor, just before the backend starts (its `descriptors`).
     binds: tuple[tuple[int, str, int, int], ...] = ()
-    #: Backend docker: the trial's container, where a stop signals the command's processes (sandbox/_docker.py).
-    container: str | None = None
+    #: Where the command runs when not in the tree here (a container's name): where a stop signals it.
+    place: str | None = None
     #: Network "allow": the trial's allowlist (sandbox/_egress.py), which the call's proxy enforces (_proxy.py).
     egress: tuple[str, ...] | None = None
 
@@ -85,8 +85,9 @@ class Report(NamedTuple):
 
     #: exited, deadline, output_limit, interrupted, process_limit, not_found, not_executable.
     ended: str = "exited"
-    #: The command's exit status, or minus the signal that ended it.
-    returncode: int = 0
+    #: The command's exit status, or minus the signal that ended it; None when it is not known
+    #: (a command a harness ran elsewhere, that did not exit by itself).
+    returncode: int | None = 0
     #: Seconds on the monotonic clock from the call's start to the command's end.
     elapsed: float = 0.0
     #: Why the command could not start (not_found, not_executable).

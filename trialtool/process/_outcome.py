@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ..errors import StorageError
 from ._capture import EMPTY_SHA256
@@ -11,75 +11,60 @@ from ._orders import Report
 
 
 class Outcome(NamedTuple):
-    """What running a command produced."""
+    """What running a command produced: the bytes kept of each stream, and the supervisor's report of the rest."""
 
     stdout: bytes
     stderr: bytes
-    #: Bytes the command wrote to each stream, kept or not.
-    stdout_bytes: int
-    stderr_bytes: int
-    stdout_sha256: str
-    stderr_sha256: str
-    #: exited, deadline, output_limit, interrupted, process_limit, not_found, not_executable.
-    ended: str
-    #: The command's exit status when it exited by itself.
-    exit_code: int | None
-    #: The signal that ended the command, if one did (ours or not).
-    signal: int | None
-    #: Seconds on the monotonic clock from start to the command's end.
-    elapsed: float
-    #: Why the command could not start (not_found, not_executable).
-    error: str | None = None
-    #: The last signal trial-tool sent the tree to stop it (SIGTERM, SIGKILL), if any.
-    stop_signal: int | None = None
-    #: Seconds between the deadline and the SIGTERM sent for it, and the command's exit.
-    deadline_overshoot: float | None = None
-    exited_after_deadline: float | None = None
-    #: Processes still alive after the command ended, and killed then.
-    killed: int = 0
-    #: Processes that could not be killed (should be empty).
-    survivors: tuple[int, ...] = ()
-    cpu_user: float = 0.0
-    cpu_system: float = 0.0
-    peak_rss: int = 0
-    peak_rss_scope: str = "largest_process"
-    oom_kills: int = 0
-    process_cap_hit: bool = False
-    #: Which mechanism enforced what (cgroup2, cgroup1, sweep, rlimit_as, subreaper).
-    containment: dict[str, Any] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
-    #: Network "allow": the connections the call's proxy allowed and denied (_proxy.Proxy.finish).
-    network: dict[str, Any] | None = None
+    #: Everything else the run came to: how it ended, its status, its stops, what it used (process.Report).
+    report: Report
+
+    @property
+    def stdout_bytes(self) -> int:
+        """Bytes the command wrote to stdout, kept or not."""
+        return self.report.streams[0][0]
+
+    @property
+    def stderr_bytes(self) -> int:
+        return self.report.streams[1][0]
+
+    @property
+    def stdout_sha256(self) -> str:
+        return self.report.streams[0][1]
+
+    @property
+    def stderr_sha256(self) -> str:
+        return self.report.streams[1][1]
+
+    @property
+    def exit_code(self) -> int | None:
+        """The command's exit status when it exited by itself (None: it never ran, or a signal ended it)."""
+        code = self.report.returncode
+        return None if code is None or code < 0 or self.report.ended in _NEVER_RAN else code
+
+    @property
+    def signal(self) -> int | None:
+        """The signal that ended the command, if one did (ours or not)."""
+        code = self.report.returncode
+        return -code if code is not None and code < 0 and self.report.ended not in _NEVER_RAN else None
 
 
-#: What an Outcome takes from the supervisor's Report as it is: the fields the two share, by name.
-_SHARED = tuple(name for name in Outcome._fields if name in Report._fields)
+#: How a command that never started ended.
+_NEVER_RAN = ("not_found", "not_executable")
 
 
 def outcome(report: Report, spools: tuple[int, int], cap: int) -> Outcome:
     """The supervisor's report as an Outcome, the captured bytes read from the spools."""
-    shared = {name: getattr(report, name) for name in _SHARED}
-    if report.ended in ("not_found", "not_executable"):
-        empty = EMPTY_SHA256
-        return Outcome(b"", b"", 0, 0, empty, empty, exit_code=None, signal=None, **{**shared, "elapsed": 0.0})
-    (out_total, out_sha), (err_total, err_sha) = report.streams
+    if report.ended in _NEVER_RAN:
+        empty = (0, EMPTY_SHA256)
+        return Outcome(b"", b"", report._replace(elapsed=0.0, streams=(empty, empty)))
+    (out_total, _), (err_total, _) = report.streams
     try:
         stdout = os.pread(spools[0], min(out_total, cap), 0) if out_total else b""
         stderr = os.pread(spools[1], min(err_total, cap), 0) if err_total else b""
     except OSError as exc:
         msg = f"cannot read the output spool: {exc}"
         raise StorageError(msg) from exc
-    code = report.returncode
-    return Outcome(
-        stdout,
-        stderr,
-        out_total,
-        err_total,
-        out_sha,
-        err_sha,
-        exit_code=code if code >= 0 else None,
-        signal=-code if code < 0 else None,
-        **shared,
-    )
+    return Outcome(stdout, stderr, report)
 
 
 __all__ = ["Outcome", "outcome"]

@@ -19,7 +19,7 @@ import time
 
 from .. import sandbox
 from ..errors import SandboxError
-from ..sandbox import Backend, bwrap
+from ..sandbox import Backend
 from . import _reaper as reaper
 from ._capture import Spool
 from ._cgroups import CallGroup
@@ -76,7 +76,7 @@ def supervise(
         if spec.stdin is not None:
             feed_r, feed_w = os.pipe()
         try:
-            argv, bind_fds = bwrap.open_binds(spec.argv, spec.binds)
+            argv, bind_fds = backend.descriptors(spec.argv, spec.binds)
         except SandboxError as exc:
             return Report(fatal=exc.message)
         try:
@@ -190,9 +190,11 @@ class _Watch:
             else:
                 self._end_feed()
         #: The fallback process cap (no pids cgroup), counted every _SWEEP_INTERVAL.
-        self.sweep_cap = spec.limits.max_procs + extra_procs if group.pids is None and not spec.container else 0
-        #: Backend docker: the command's processes are in the container, signalled there.
-        self.inside = self.backend.stops(spec.argv[0], spec.container, spec.env)
+        self.sweep_cap = (
+            spec.limits.max_procs + extra_procs if group.pids is None and not self.backend.LIMITS_INSIDE else 0
+        )
+        #: Where the command's processes are when not here (a container's), signalled there.
+        self.inside = self.backend.stops(spec.argv[0], spec.place, spec.env)
         self.next_sweep = started + _SWEEP_INTERVAL
         self.ended: str | None = None
         self.stop_signal: int | None = None

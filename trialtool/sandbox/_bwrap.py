@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import SandboxError, UsageError
 from ..osio import plain
@@ -38,10 +38,19 @@ from . import _home as home
 from . import _ownfiles as ownfiles
 from . import _pinned as pinned
 from . import _seccomp as seccomp
-from ._executable import ISOLATION, STATUS_FD, check_binary, probe
+from ._base import Asked, CallAt, Leftover, TrialFiles, Unavailable
+from ._base import Wrapped as Orders
+from ._executable import ISOLATION, STATUS_FD, available, check_binary, probe, start_probe
 from ._layout import Layout, inside, layout
-from ._settings import Pin, Sandbox
+from ._settings import Pin, Sandbox, identity, pinned_run_as
 
+if TYPE_CHECKING:
+    from ..types import CallRequest, Limits
+
+#: No network by default; the host's when asked; or only what the allowlist names, through trial-tool's proxy.
+NETWORKS = ("none", "host", "allow")
+#: Who the command is, and whether its $HOME is a layer of the trial's own.
+TAKES = frozenset({"run_as", "home"})
 #: The first of the descriptors bwrap binds from (`--bind-fd`): the pinned paths, opened by the supervisor.
 FIRST_BIND_FD = 4
 #: Processes of bwrap's own in the command's tree: its monitor, and the pid namespace's init.
@@ -59,9 +68,78 @@ def own(top: int, children: Callable[[int], list[int]]) -> set[int]:
     return {top, *children(top)}
 
 
-def stops(client: str, container: str | None, env: Mapping[str, str] | None) -> None:
+def stops(client: str, place: str | None, env: Mapping[str, str] | None) -> None:
     """A stop signals the tree here (sparing bwrap's own processes): nothing of the command is elsewhere."""
     return None
+
+
+def pin(asked: Asked) -> Sandbox:
+    """bwrap pinned where a tiny sandbox runs (Unavailable otherwise); the paths by identity, the home and user."""
+    settings = asked.settings
+    # Runs a tiny sandbox: only now, when a trial is created.
+    binary, reason = available(asked.roots, settings.get("search_path"))
+    if binary is None:
+        raise Unavailable(reason or "bubblewrap cannot run here")
+    pins = tuple(identity(path) for path in (asked.workspace, *asked.writable))
+    home_mode, home_path = _home(settings, asked.roots)
+    network, allow = settings.get("network") or NETWORKS[0], settings.get("allow") or ()
+    return Sandbox(
+        "bwrap",
+        network,
+        asked.workspace,
+        asked.writable,
+        binary,
+        pins,
+        home=home_mode,
+        home_path=home_path,
+        allow=allow,
+        run_as=pinned_run_as(settings),
+    )
+
+
+def _home(settings: Mapping[str, Any], roots: Sequence[str]) -> tuple[str, str | None]:
+    """The pinned home: "trial" by default, over the caller's $HOME (`home_path`); "host" when asked for.
+
+    A home that is the workspace, or inside a writable path, is the command's already: "host". So is
+    one that is no directory, unless "trial" was asked for (then it is an error).
+    """
+    wanted = settings.get("home") or "trial"
+    # The caller's $HOME (the per-user server's callers send theirs), else this process's.
+    given = settings.get("home_path") or os.environ.get("HOME")
+    if wanted == "host":
+        return "host", None
+    path = os.path.realpath(given) if isinstance(given, str) and given.startswith("/") else None
+    if path is None or path == "/" or not os.path.isdir(path):
+        if settings.get("home") == "trial":
+            raise UsageError(f"--home trial: $HOME {plain(given)} is not a directory to go over")
+        return "host", None
+    if any(inside(path, root) for root in roots):
+        return "host", None
+    return "trial", path
+
+
+def stored(data: Mapping[str, Any]) -> bool:
+    """A bwrap trial has its workspace."""
+    return isinstance(data.get("workspace"), str)
+
+
+def session(sandbox: Sandbox, files: TrialFiles) -> Plan:
+    return Plan(sandbox, files.state_path, list(files.secret), files.rank_file)
+
+
+def ahead(sandbox: Sandbox) -> None:
+    """Start the pinned bwrap's probe, so that its few ms overlap the ledger's work."""
+    if sandbox.binary is not None:
+        start_probe(sandbox.binary)
+
+
+def close(sandbox: Sandbox, trial_id: str) -> bool:
+    """Nothing is kept between calls (the trial's /tmp and home stay with its files)."""
+    return False
+
+
+def leftovers() -> list[Leftover]:
+    return []
 
 
 class Wrapped(NamedTuple):
@@ -159,7 +237,7 @@ def arguments(
             wrapped += ["--remount-ro", directory]
     uid, gid = sandbox.ids
     wrapped += ["--chdir", cwd, *ISOLATION, "--uid", str(uid), "--gid", str(gid)]
-    # The filter comes on the descriptor after the pinned paths' (open_binds makes it).
+    # The filter comes on the descriptor after the pinned paths' (`descriptors` makes it).
     wrapped += ["--seccomp", str(FIRST_BIND_FD + len(binds))]
     if sandbox.network == "host":
         wrapped.append("--share-net")
@@ -238,6 +316,21 @@ class Plan:
         #: Where trial files are kept: fixed for the trial (`exposed` decides how its calls are scheduled).
         self.layout = layout(sandbox.roots, files)
 
+    #: The log must exist before bwrap starts, to be hidden when it sits in a writable path.
+    hides_files = True
+
+    @property
+    def one_at_a_time(self) -> bool:
+        """With the trial's files inside a writable path, its calls run one at a time."""
+        return self.layout.exposed
+
+    def prepare(self, call: CallAt) -> _Call:
+        """`check` for one call: its /tmp and layout, and how its command line is made."""
+        request = call.request
+        cwd = request.cwd or os.getcwd()
+        tmp, hide = self.check(cwd, call.trial_id, request.environ, request.read_only, request.caller_imports)
+        return _Call(self, tmp, hide)
+
     def check(
         self,
         cwd: str,
@@ -301,7 +394,28 @@ class Plan:
         return arguments(self.binary.path, self.sandbox, present, tmp, cwd, argv, open_files)
 
 
-def open_binds(argv: Sequence[str], binds: Sequence[tuple[int, str, int, int]]) -> tuple[list[str], list[int]]:
+class _Call:
+    """One call, checked: its bwrap command line, and (network "allow") the proxy's orders."""
+
+    def __init__(self, plan: Plan, tmp: Pin, hide: Layout) -> None:
+        self.plan, self.tmp, self.hide = plan, tmp, hide
+
+    def wrap(self, request: CallRequest, env: dict[str, str] | None, limits: Limits) -> Orders:
+        sandbox = self.plan.sandbox
+        cwd = request.cwd or os.getcwd()
+        argv, pins = self.plan.wrap(list(request.argv), cwd, self.tmp, self.hide, limits.max_open_files)
+        binds = tuple((index, *pin) for index, pin in pins)
+        if sandbox.network != "allow":
+            return Orders(argv, env, binds)
+        from .network import environment  # the proxy's modules: only for a call that needs them
+
+        return Orders(argv, {**(env or {}), **environment(sandbox.allow)}, binds, egress=sandbox.allow)
+
+    def record(self) -> None:
+        return None
+
+
+def descriptors(argv: Sequence[str], binds: Sequence[tuple[int, str, int, int]]) -> tuple[list[str], list[int]]:
     """`argv` with each pinned bind's descriptor number in place, and those descriptors, in order,
     then the system-call filter's (a pipe holding the program) where bwrap's options ask for it.
 
@@ -359,17 +473,25 @@ def tmp_directory(state_path: str, trial_id: str) -> Pin:
 __all__ = [
     "FIRST_BIND_FD",
     "LIMITS_INSIDE",
+    "NETWORKS",
     "OWN_PROCESSES",
     "SETS_DIRECTORY",
     "SETS_OPEN_FILES",
     "STATUS_FD",
+    "TAKES",
     "Plan",
     "Wrapped",
+    "ahead",
     "arguments",
+    "close",
+    "descriptors",
     "exit_code",
     "failure",
-    "open_binds",
+    "leftovers",
     "own",
+    "pin",
+    "session",
     "stops",
+    "stored",
     "tmp_directory",
 ]

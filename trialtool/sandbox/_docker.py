@@ -1,47 +1,24 @@
-"""The `docker` backend: a trial's commands run in a container of its own, one exec a call.
+"""The container backend, a registry row per engine: docker's here, podman's in _podman.py.
 
-The container is made from the image pinned by its id when the trial was
-created, on the trial's first call, and kept for its calls: the workspace and
-writable paths bound in at their own paths, a /tmp of its own, no network
-unless the trial pinned `host`, every capability dropped, no new privileges,
-the trial's `run_as` id as its user, the system-call filter of _seccomp.py in
-place of the engine's default one, and the trial's process, memory and per-process limits set on it. Its first
-process is the engine's init (it reaps orphans) over a shell that only waits,
-so that the container lives between calls.
-
-A call is `docker exec` of this module's shell script, which runs the command
-in the call's directory and, when it ends, kills whatever it left running in
-the container. At a deadline or a stop the supervisor runs the script again to
-signal the command's processes (TERM, then KILL after the grace), and once
-more, when the call is over, to kill what is left. The calls of a trial in a
-container run one at a time (Ledger.reserve's `one_at_a_time`), so that what
-runs in the container besides its own two processes is the call's.
-
-The script needs /bin/sh and /proc in the image, and nothing else: it reads
-/proc with the shell's own `read`, and signals with its own `kill`. Podman is
-the same backend through its docker-compatible client (podman's init is
-catatonit; a rootless podman maps the container's root to the user).
+A trial's commands run in a container of its own (_container.py says what it is
+and how a call runs in it). What a row adds is the engine's client, pinned by
+identity when the trial is created, with the image by its id; the rest of the
+backend's life (its session, stops, exit status, `close`, and `gc`'s leftovers)
+is the same for every engine, through `Engine`.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import SandboxError, UsageError
 from ..osio import plain
-from ..types import Limits
-from . import _engine as engine
-from . import _seccomp as seccomp
-from ._engine import LOG_LABEL, STATE_LABEL, TRIAL_LABEL, listed, remove, said
+from ._base import Asked, Leftover, TrialFiles, Unavailable
+from ._container import Container, client_run, name_of, stops
+from ._engine import listed, remove, said
 from ._executable import check_binary, find
-from ._handover import hand_over
-from ._layout import inside
-from ._settings import Binary, Sandbox
-
-if TYPE_CHECKING:
-    import subprocess
+from ._settings import Binary, Sandbox, identity, pinned_run_as
 
 #: The client's exec runs the command: no process of the backend's own in the command's tree.
 OWN_PROCESSES = 0
@@ -52,50 +29,10 @@ SETS_DIRECTORY = True
 SETS_OPEN_FILES = True
 #: The command's resource limits are the container's: none is set on the client's process.
 LIMITS_INSIDE = True
-#: The clients looked for, in this order, when a trial is created.
-CLIENTS = ("docker", "podman")
-#: How long the last sweep of a stopped call may take.
-_SWEEP_TIMEOUT = 30.0
-
-#: Run in the container, by /bin/sh. `run DIR UNSET CMD...`: the command, in DIR (empty: the image's
-#: working directory), without the variables named in UNSET; then every process it left is killed.
-#: `stop SIGNAL [spare]`: signal every process of the container but its init and keeper (session 1) and
-#: this script itself; with `spare`, the calls' own shells too (started by the engine: parent 0), so
-#: that a call's shell outlives its command's TERM.
-SCRIPT = (
-    # One line, so that the shell's own words for a command it cannot run are what `sh -c` would say.
-    r"""if [ "$1" = run ]; then [ -z "$2" ] || cd -- "$2" 2>/dev/null || { """
-    r"""echo "trial-tool: the call's directory $2 is not in the container" >&2; exit 126; }; """
-    r"""for v in $3; do unset "$v"; done; shift 3; "$@"; s=$?; set -- run KILL all; fi
-end() {
-  r=0
-  while [ "$r" -lt 10 ]; do
-    n=0
-    for p in /proc/[0-9]*; do
-      p=${p#/proc/}
-      [ "$p" = 1 ] || [ "$p" = "$$" ] && continue
-      read -r l 2>/dev/null < "/proc/$p/stat" || continue
-      set -- "$1" "$2" ${l##*) }
-      [ "$3" = Z ] || [ "$6" = 1 ] && continue
-      [ "$2" = spare ] && [ "$4" = 0 ] && continue
-      kill -"$1" "$p" 2>/dev/null && n=$((n + 1))
-    done
-    [ "$1" = TERM ] || [ "$n" = 0 ] && break
-    r=$((r + 1))
-  done
-}
-end "$2" "$3"
-exit "${s:-0}"
-"""
-)
-
-
-class Started(NamedTuple):
-    """The trial's container as a call found it: its name and id, and why it was made now (None: it was running)."""
-
-    name: str
-    id: str
-    made: str | None
+#: No network, or the host's: a container has no way through trial-tool's proxy (docs/sandbox.md).
+NETWORKS = ("none", "host")
+#: Who the command is, and the image its container is made from.
+TAKES = frozenset({"run_as", "image"})
 
 
 def own(top: int, children: Callable[[int], list[int]]) -> set[int]:
@@ -113,263 +50,124 @@ def failure(stderr: bytes) -> tuple[str, str]:
     return "sandbox", stderr.decode(errors="replace").strip()[-300:]
 
 
-def client(search_path: str | None = None) -> str:
-    """The container client on PATH, for `close` and `gc` (the user's commands, not a trial's); SandboxError if none."""
-    binary, reason = find((), search_path, CLIENTS)
-    if binary is None:
-        raise SandboxError(f"no container client: {reason}")
-    return binary.path
-
-
-def name_of(trial_id: str) -> str:
-    """The name of a trial's container."""
-    return f"trialtool-{trial_id}"
-
-
 def available(
-    image: str, search_path: str | None, roots: Sequence[str] = ()
+    clients: Sequence[str], image: str, search_path: str | None, roots: Sequence[str] = ()
 ) -> tuple[Binary | None, str | None, str | None]:
     """(The client to pin, the image's id, None), or (None, None, why not) when no container can run here."""
-    binary, reason = find(roots, search_path, CLIENTS)
+    binary, reason = find(roots, search_path, clients, f"{' or '.join(clients)} is not installed")
     if binary is None:
         return None, None, reason
     try:
-        done = _client(binary, "image", "inspect", "--format", "{{.Id}}", image)
+        done = client_run(binary, "image", "inspect", "--format", "{{.Id}}", image)
     except SandboxError as exc:
         return None, None, exc.message
     if done.returncode != 0:
         reason = said(done.stderr)
-        if "no such" in reason.lower():
+        if "no such" in reason.lower() or "image not known" in reason.lower():  # docker's words, podman's
             return None, None, f"no image {plain(image)} on this machine's engine (pull, load or build it first)"
         return None, None, f"the container engine cannot be reached: {reason}"
     image_id = done.stdout.decode().strip()
     return (binary, image_id, None) if image_id else (None, None, f"the engine named no id for image {plain(image)}")
 
 
-def _client(
-    binary: Binary, *args: str, timeout: float = 120.0, passed: tuple[int, ...] = ()
-) -> subprocess.CompletedProcess[bytes]:
-    """The pinned client run on `args`; SandboxError when it cannot be run or does not answer in time."""
-    import subprocess
+class Engine:
+    """The container backend over one engine's client: a registry row (Backend)."""
 
-    try:
-        return subprocess.run([binary.path, *args], capture_output=True, timeout=timeout, check=False, pass_fds=passed)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SandboxError(f"the container client {binary.path} did not answer: {exc}") from exc
+    NETWORKS = NETWORKS
+    TAKES = TAKES
+    OWN_PROCESSES = OWN_PROCESSES
+    STATUS_FD = STATUS_FD
+    SETS_DIRECTORY = SETS_DIRECTORY
+    SETS_OPEN_FILES = SETS_OPEN_FILES
+    LIMITS_INSIDE = LIMITS_INSIDE
 
+    def __init__(self, name: str, clients: tuple[str, ...], caller_limits: bool = False) -> None:
+        #: The backend's name in the registry, and each client looked for, in order, when a trial is created.
+        self.name, self.clients = name, clients
+        #: Its containers get this process's open-files and process limits (_callers_limits).
+        self.caller_limits = caller_limits
 
-def _run(binary: Binary, options: list[str]) -> subprocess.CompletedProcess[bytes]:
-    """`run` with the filter's profile, read by the client from a pipe of ours: no file anyone could replace."""
-    import json
-
-    try:
-        profile = json.dumps(seccomp.profile()).encode()
-    except seccomp.Unsupported as exc:
-        raise SandboxError(f"the container cannot be started here: {exc}") from exc
-    read, write = os.pipe()
-    try:
-        os.write(write, profile)  # a few KiB: far less than a pipe holds
-        os.close(write)
-        write = -1
-        return _client(binary, "run", "--security-opt", f"seccomp=/dev/fd/{read}", *options, passed=(read,))
-    finally:
-        os.close(read)
-        if write >= 0:
-            os.close(write)
-
-
-class Container:
-    """One trial's container as its calls use it: made when missing, checked in a millisecond when not."""
-
-    def __init__(self, sandbox: Sandbox, state_path: str, log_path: str, files: Sequence[str]) -> None:
-        if sandbox.binary is None or sandbox.image_id is None or sandbox.workspace is None:
-            raise SandboxError("this trial's container settings are incomplete; create a new trial")
-        for path in files:
-            real = os.path.realpath(path)
-            if any(inside(real, root) for root in sandbox.roots):
-                msg = (
-                    f"the trial's file {plain(path)} lies in a path bound into its container; "
-                    "keep the state, log and key files outside the workspace and writable paths"
-                )
-                raise UsageError(msg)
-        self.sandbox = sandbox
-        self.binary = sandbox.binary
-        self.image_id = sandbox.image_id
-        self.state_path = os.path.abspath(state_path)
-        self.log_path = os.path.abspath(log_path)
-
-    def ready(self, trial_id: str, limits: Limits, calls: int) -> Started:
-        """The trial's container, running: the one there, or a new one (and why). SandboxError if none can be."""
-        check_binary(self.binary)
-        uid, gid = self.sandbox.ids
-        if os.geteuid() == 0 and uid != 0:
-            try:
-                hand_over(self.sandbox.pins, uid, gid)  # a root harness's files, for the command to write
-            except OSError as exc:
-                raise SandboxError(f"the workspace cannot be handed to uid {uid}: {exc.strerror or exc}") from exc
-        name = name_of(trial_id)
-        try:
-            seen = engine.container(self.binary.path, name)
-        except OSError as exc:
-            raise SandboxError(f"the container engine cannot be reached: {exc}") from exc
-        ours = seen is not None and seen.image == self.image_id and seen.labels.get(TRIAL_LABEL) == trial_id
-        if seen is not None and seen.running and ours:
-            return Started(name, seen.id[:12], None)
-        if seen is None:
-            made = "the trial's first call" if calls == 0 else "the trial's container was gone"
-        else:
-            made = "the trial's container had stopped" if ours else "the container by its name was not the trial's"
-            remove(self.binary.path, name)  # stopped, or not the trial's: a new one in its place
-        done = _run(self.binary, [*self.options(trial_id, limits), self.image_id])
-        if done.returncode != 0:
-            msg = f"the trial's container cannot be started from image {self.sandbox.image}: {said(done.stderr)}"
-            raise SandboxError(msg)
-        return Started(name, done.stdout.decode().strip()[:12], made)
-
-    def options(self, trial_id: str, limits: Limits) -> list[str]:
-        """`run`'s options for the trial's container."""
-        sandbox = self.sandbox
-        options = ["--detach", "--interactive", "--init", "--name", name_of(trial_id)]
-        options += ["--label", f"{TRIAL_LABEL}={trial_id}", "--label", f"{STATE_LABEL}={self.state_path}"]
-        options += ["--label", f"{LOG_LABEL}={self.log_path}"]
-        options += ["--network", "none" if sandbox.network == "none" else "host"]
-        options += ["--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--tmpfs", "/tmp"]
-        options += ["--user", "{}:{}".format(*sandbox.ids)]
-        if limits.max_procs:
-            options += ["--pids-limit", str(limits.max_procs + 2)]  # the init and its waiting shell
-        if limits.max_memory:
-            options += ["--memory", str(limits.max_memory), "--memory-swap", str(limits.max_memory)]
-        if limits.max_cpu_seconds:
-            soft = max(1, int(limits.max_cpu_seconds + 0.999))
-            options += ["--ulimit", f"cpu={soft}:{soft + 1}"]
-        if limits.max_file_size:
-            options += ["--ulimit", f"fsize={limits.max_file_size}"]
-        if limits.max_open_files:
-            options += ["--ulimit", f"nofile={limits.max_open_files}:{limits.max_open_files}"]
-        for path in sandbox.roots:
-            options += ["--mount", f"type=bind,source={path},target={path}"]
-        return [*options, "--entrypoint", "/bin/sh"]
-
-    def argv(
-        self,
-        started: Started,
-        command: Sequence[str],
-        cwd: str,
-        env: Mapping[str, str] | None,
-        unset: Sequence[str],
-        stdin: bool,
-    ) -> list[str]:
-        """The client's command line that runs `command` in the container, in `cwd`.
-
-        The call's directory is the same path inside when it lies in the workspace or a writable path
-        (bound at their own paths); anywhere else on the host means nothing in the image: the command
-        then starts in the image's working directory.
-        """
-        cwd = cwd if any(inside(os.path.realpath(cwd), root) for root in self.sandbox.roots) else ""
-        argv = [self.binary.path, "exec"]
-        if stdin:
-            argv.append("--interactive")
-        for name, value in (env or {}).items():
-            argv += ["--env", f"{name}={value}"]
-        return [*argv, started.name, "/bin/sh", "-c", SCRIPT, "sh", "run", cwd, " ".join(unset), *command]
-
-
-def sweep_argv(signal_name: str = "KILL", spare_calls: bool = False) -> list[str]:
-    """The command that, run in a container, signals every process there but the container's own."""
-    return ["/bin/sh", "-c", SCRIPT, "sh", "stop", signal_name, "spare" if spare_calls else "all"]
-
-
-def stop_argv(client: str, name: str, signal_name: str, spare_calls: bool) -> list[str]:
-    """The client's command line that signals the call's processes in the container `name`."""
-    return [client, "exec", name, *sweep_argv(signal_name, spare_calls)]
-
-
-def signal_inside(client: str, name: str, signal_name: str, env: Mapping[str, str] | None) -> int:
-    """Start signalling the call's processes in the container; the pid of the client doing it (reap it)."""
-    argv = stop_argv(client, name, signal_name, spare_calls=signal_name == "TERM")
-    devnull = os.open(os.devnull, os.O_RDWR)
-    try:
-        actions = [(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)]
-        return os.posix_spawn(argv[0], argv, dict(env or os.environ), file_actions=actions, setsid=True)
-    finally:
-        os.close(devnull)
-
-
-def sweep(client: str, name: str, env: Mapping[str, str] | None) -> None:
-    """Kill every process a stopped call left in the container, and wait until it is done."""
-    import subprocess
-
-    try:
-        subprocess.run(
-            stop_argv(client, name, "KILL", spare_calls=False),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=dict(env or os.environ),
-            timeout=_SWEEP_TIMEOUT,
-            check=False,
+    def pin(self, asked: Asked) -> Sandbox:
+        """The engine's client pinned, and the image by its id; the home is the image's."""
+        settings = asked.settings
+        image = settings.get("image")
+        if not isinstance(image, str):
+            raise UsageError(f"--sandbox {self.name} needs --image IMAGE")
+        network = settings.get("network") or NETWORKS[0]
+        if network not in NETWORKS:
+            msg = f"--network {network} cannot hold in a container: it has {' or '.join(NETWORKS)} (docs/sandbox.md)"
+            raise UsageError(msg)
+        binary, image_id, reason = available(self.clients, image, settings.get("search_path"), asked.roots)
+        if binary is None or image_id is None:
+            raise Unavailable(reason or "no container can run here")
+        pins = tuple(identity(path) for path in (asked.workspace, *asked.writable))
+        ids = pinned_run_as(settings)
+        return Sandbox(
+            self.name,
+            network,
+            asked.workspace,
+            asked.writable,
+            binary,
+            pins,
+            image=image,
+            image_id=image_id,
+            run_as=ids,
         )
-    except (OSError, subprocess.TimeoutExpired):
-        pass  # the engine is gone or wedged: the container's own limits still hold what is left
+
+    def stored(self, data: Mapping[str, object]) -> bool:
+        """A container trial has its workspace, its image and the image's id."""
+        return all(isinstance(data.get(name), str) for name in ("workspace", "image", "image_id"))
+
+    def session(self, sandbox: Sandbox, files: TrialFiles) -> Container:
+        return Container(sandbox, files.state_path, files.log_path, files.secret, self.caller_limits)
+
+    def ahead(self, sandbox: Sandbox) -> None:
+        """Nothing to start: the container is asked about under the lock, in a millisecond."""
+
+    def close(self, sandbox: Sandbox, trial_id: str) -> bool:
+        """Stop and remove the trial's container, through its own pinned client (checked, never looked up again)."""
+        if sandbox.binary is None:
+            return False
+        check_binary(sandbox.binary)
+        return remove(sandbox.binary.path, name_of(trial_id))
+
+    def leftovers(self) -> list[Leftover]:
+        """The containers trial-tool made on this engine, through the client on PATH ([] where there is none)."""
+        binary, _ = find((), None, self.clients)
+        if binary is None:
+            return []
+        client = binary.path
+        return [
+            Leftover(name, trial_id, state, log, functools.partial(remove, client, name))
+            for name, trial_id, state, log in listed(client)
+        ]
+
+    @staticmethod
+    def descriptors(argv: Sequence[str], binds: Sequence[tuple[int, str, int, int]]) -> tuple[list[str], list[int]]:
+        """Nothing is bound by descriptor: the paths go to the engine by name, checked at the container's start."""
+        return list(argv), []
+
+    own = staticmethod(own)
+    stops = staticmethod(stops)
+    exit_code = staticmethod(exit_code)
+    failure = staticmethod(failure)
 
 
-def stops(client: str, container: str | None, env: Mapping[str, str] | None) -> Stops | None:
-    """A call's stops in its container (`client` is the pinned docker client its command line runs)."""
-    return None if container is None else Stops(client, container, env)
-
-
-class Stops:
-    """A call's stops, carried out in its container: the supervisor's side of a deadline or a stop."""
-
-    def __init__(self, client: str, name: str, env: Mapping[str, str] | None) -> None:
-        self.client, self.name, self.env = client, name, env
-        self.pids: list[int] = []
-
-    def signal(self, signal_name: str) -> None:
-        """Signal the call's processes in the container (TERM spares the call's own shell); returns at once."""
-        try:
-            self.pids.append(signal_inside(self.client, self.name, signal_name, self.env))
-        except OSError:
-            pass  # the client is gone: the container's limits still hold, and `finish` tries again
-
-    def finish(self) -> None:
-        """After a stop: every process the call left in the container killed, and the signalling clients reaped."""
-        if not self.pids:
-            return  # the command ended by itself: its shell killed what it left
-        sweep(self.client, self.name, self.env)
-        for pid in self.pids:
-            try:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-            except ProcessLookupError:
-                os.waitpid(pid, 0)
-
+#: The docker engine's row.
+DOCKER = Engine("docker", ("docker",))
 
 __all__ = [
-    "CLIENTS",
+    "DOCKER",
     "LIMITS_INSIDE",
+    "NETWORKS",
     "OWN_PROCESSES",
     "SETS_DIRECTORY",
     "SETS_OPEN_FILES",
-    "STATE_LABEL",
     "STATUS_FD",
-    "TRIAL_LABEL",
-    "Container",
-    "Started",
-    "Stops",
+    "TAKES",
+    "Engine",
     "available",
-    "check_binary",
-    "client",
     "exit_code",
     "failure",
-    "listed",
-    "name_of",
     "own",
-    "remove",
-    "signal_inside",
-    "stops",
-    "sweep",
-    "sweep_argv",
 ]

@@ -126,25 +126,34 @@ def remove(client: str, name: str) -> bool:
 
 
 def listed(client: str) -> list[tuple[str, str, str, str]]:
-    """Every container of trial-tool's on the engine: (name, trial id, state file, log)."""
+    """Every container of trial-tool's on the engine: (name, trial id, state file, log).
+
+    Their names from `ps`, then their labels from `inspect`, whose JSON docker and podman
+    share (their `ps` templates differ on labels).
+    """
+    names = _client_output(client, "ps", "--all", "--filter", f"label={TRIAL_LABEL}", "--format", "{{.Names}}")
+    found = [name for name in names.decode(errors="replace").split() if name]
+    if not found:
+        return []
+    rows = []
+    for data in json.loads(_client_output(client, "container", "inspect", *found)):
+        seen, name = _seen(data), str(data.get("Name", "")).lstrip("/")
+        labels = [seen.labels.get(label, "") for label in (TRIAL_LABEL, STATE_LABEL, LOG_LABEL)]
+        rows.append((name, *labels))
+    return [(name, trial_id, state, log) for name, trial_id, state, log in rows if name and trial_id]
+
+
+def _client_output(client: str, *args: str) -> bytes:
+    """What the client printed for `args`; SandboxError when it fails or does not answer."""
     import subprocess
 
-    template = (
-        f'{{{{.Names}}}}\t{{{{.Label "{TRIAL_LABEL}"}}}}\t{{{{.Label "{STATE_LABEL}"}}}}\t{{{{.Label "{LOG_LABEL}"}}}}'
-    )
     try:
-        done = subprocess.run(
-            [client, "ps", "--all", "--filter", f"label={TRIAL_LABEL}", "--format", template],
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
+        done = subprocess.run([client, *args], capture_output=True, timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxError(f"the container client did not answer: {exc}") from exc
     if done.returncode != 0:
         raise SandboxError(f"the container engine cannot list containers: {said(done.stderr)}")
-    rows = [line.split("\t") for line in done.stdout.decode(errors="replace").splitlines() if line.strip()]
-    return [(row[0], row[1], row[2], row[3]) for row in rows if len(row) == 4]
+    return done.stdout
 
 
 def said(stderr: bytes) -> str:

@@ -32,6 +32,8 @@ ISOLATION = (
     "--cap-drop",
     "ALL",
 )
+#: What to install when bwrap is not there.
+_MISSING = "bubblewrap is not installed (apt-get install bubblewrap, dnf install bubblewrap)"
 #: Where bwrap is looked for after PATH's absolute entries.
 _FALLBACK_DIRECTORIES = ("/usr/bin", "/bin")
 #: Executables that ran a sandbox in this process. Only "yes" is kept: a "no" is asked again
@@ -72,12 +74,12 @@ def _unsafe(path: str, roots: Sequence[str]) -> str | None:
 
 
 def find(
-    roots: Sequence[str], search_path: str | None = None, names: Sequence[str] = ("bwrap",)
+    roots: Sequence[str], search_path: str | None, names: Sequence[str], missing: str | None = None
 ) -> tuple[Binary | None, str | None]:
     """The executable to pin: the first safe one of `names` on PATH's absolute entries, then /usr/bin, /bin.
 
-    `search_path` is the caller's PATH (default: this process's). Each name is
-    looked for in turn (the container backend: docker, then podman).
+    `search_path` is the caller's PATH (None: this process's). Each name is looked
+    for in turn; `missing` says what to install when none is there.
     """
     import sys
 
@@ -106,9 +108,7 @@ def find(
         return Binary(path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns), None
     if refused:
         return None, f"no {' or '.join(names)} executable that can be trusted: " + "; ".join(refused)
-    if names[0] != "bwrap":
-        return None, f"{' or '.join(names)} is not installed"
-    return None, "bubblewrap is not installed (apt-get install bubblewrap, dnf install bubblewrap)"
+    return None, missing or f"{' or '.join(names)} is not installed"
 
 
 def check_binary(binary: Binary) -> None:
@@ -166,34 +166,6 @@ def start_probe(binary: Binary) -> None:
     if started[0] >= 0:
         with _GUARD:
             _PENDING[binary] = started
-
-
-def probe_ahead(state_path: str) -> None:
-    """`start_probe` for the bwrap a trial's state pins, read without the ledger's lock; for a cold call.
-
-    Only the pinned executable is taken from the state, and `start_probe` checks it
-    again; the reservation reads the state properly. Nothing is started for a trial
-    that does not exist yet, is unsandboxed, or whose state cannot be read.
-    """
-    import json
-
-    from ._settings import from_state
-
-    try:
-        # Non-blocking: a FIFO in the state's place must not hang the call (the ledger refuses it).
-        fd = os.open(state_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            pinned = from_state(json.loads(handle.read(1 << 20)).get("sandbox"))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return
-    if pinned.binary is not None:
-        start_probe(pinned.binary)
 
 
 def settle() -> None:
@@ -303,7 +275,7 @@ def _remove_tree(path: str) -> None:
 
 def available(roots: tuple[str, ...], search_path: str | None = None) -> tuple[Binary | None, str | None]:
     """The bwrap to pin for a trial whose commands may write `roots`, or why the sandbox cannot run here."""
-    binary, reason = find(roots, search_path)
+    binary, reason = find(roots, search_path, ("bwrap",), _MISSING)
     if binary is None:
         return None, reason
     reason = probe(binary)
@@ -323,7 +295,6 @@ __all__ = [
     "find",
     "overlay_works",
     "probe",
-    "probe_ahead",
     "settle",
     "start_probe",
     "unavailable",

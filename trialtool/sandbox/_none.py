@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from ..errors import UsageError
+from ._base import Asked, CallAt, Leftover, TrialFiles, Wrapped
+from ._executable import settle
+from ._settings import Sandbox
+
+if TYPE_CHECKING:
+    from ..types import CallRequest, Limits
+
+#: The command reaches whatever the machine reaches.
+NETWORKS = ("host",)
+#: No settings of its own: it holds the command to nothing but the limits.
+TAKES: frozenset[str] = frozenset()
 #: No processes of its own: the command is the top of its tree.
 OWN_PROCESSES = 0
 #: No status channel: the command's own exit status is the one.
@@ -15,12 +28,71 @@ SETS_OPEN_FILES = False
 LIMITS_INSIDE = False
 
 
+def pin(asked: Asked, fallback: str | None = None) -> Sandbox:
+    """No sandbox; `fallback`: why "auto" came to this (the sandbox's own words)."""
+    network = asked.settings.get("network")
+    if network is not None and network not in NETWORKS:
+        raise UsageError(f"--network {network} needs a sandbox; it cannot hold with --sandbox none")
+    if asked.settings.get("home") == "trial" and asked.mode != "auto":  # asked for by name, not fallen back to
+        raise UsageError("--home trial needs a sandbox; it cannot hold with --sandbox none")
+    if asked.settings.get("run_as") is not None:
+        raise UsageError("--run-as needs a sandbox: with --sandbox none a command runs as its caller")
+    return Sandbox("none", "host", asked.workspace, asked.writable, fallback=fallback)
+
+
+def stored(data: Mapping[str, Any]) -> bool:
+    """Nothing of its own is stored."""
+    return True
+
+
+class _Session:
+    """A trial without a sandbox: its calls may overlap, and run as they are."""
+
+    one_at_a_time = False
+    hides_files = False
+
+    def prepare(self, call: CallAt) -> _Session:
+        settle()  # a probe started ahead for a trial that turned out to need none
+        return self
+
+    def wrap(self, request: CallRequest, env: dict[str, str] | None, limits: Limits) -> Wrapped:
+        return Wrapped(list(request.argv), env)
+
+    def record(self) -> None:
+        return None
+
+
+_SESSION = _Session()
+
+
+def session(sandbox: Sandbox, files: TrialFiles) -> _Session:
+    return _SESSION
+
+
+def ahead(sandbox: Sandbox) -> None:
+    """Nothing to start."""
+
+
+def close(sandbox: Sandbox, trial_id: str) -> bool:
+    """Nothing is kept between calls."""
+    return False
+
+
+def leftovers() -> list[Leftover]:
+    return []
+
+
+def descriptors(argv: Sequence[str], binds: Sequence[tuple[int, str, int, int]]) -> tuple[list[str], list[int]]:
+    """Nothing is bound."""
+    return list(argv), []
+
+
 def own(top: int, children: Callable[[int], list[int]]) -> set[int]:
     """None of the tree is the backend's."""
     return set()
 
 
-def stops(client: str, container: str | None, env: Mapping[str, str] | None) -> None:
+def stops(client: str, place: str | None, env: Mapping[str, str] | None) -> None:
     """A stop signals the tree here: nothing of the command is elsewhere."""
     return None
 
@@ -37,12 +109,21 @@ def failure(stderr: bytes) -> tuple[str, str]:
 
 __all__ = [
     "LIMITS_INSIDE",
+    "NETWORKS",
     "OWN_PROCESSES",
     "SETS_DIRECTORY",
     "SETS_OPEN_FILES",
     "STATUS_FD",
+    "TAKES",
+    "ahead",
+    "close",
+    "descriptors",
     "exit_code",
     "failure",
+    "leftovers",
     "own",
+    "pin",
+    "session",
     "stops",
+    "stored",
 ]

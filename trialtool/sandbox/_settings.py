@@ -1,41 +1,40 @@
 """The trial's sandbox settings: what its commands may see, write and reach, pinned when the trial is created.
 
-The settings travel with the limits: `sandbox` (none, bwrap, docker, auto), `network`
+The settings travel with the limits: `sandbox` (a backend's name, or auto), `network`
 (none, host, allow: through trial-tool's proxy to what `allow` lists, sandbox/_egress.py), `workspace`
 (the directory the command may write), `writable` (more paths), `home`, `image`
-(docker's) and `run_as` (who the command is). `pin` resolves them once, at creation, into what the state keeps:
+and `run_as` (who the command is). The registry (_backends.py) resolves them once, at creation, and the
+backend pins what it takes into what the state keeps (`Sandbox`):
 
-- "auto" becomes bwrap where a tiny sandboxed command runs on this machine, and
-  none where it does not, with bwrap's own words for why (`fallback`);
-- the bwrap executable, or docker's client, is pinned by absolute path and
-  identity (`binary`), never looked up on PATH again; docker's image by its
-  id (`image_id`), never resolved by its name again;
-- the workspace and writable paths become canonical, and are pinned by
-  identity (`pins`: device and inode), so that a path a command renamed or
-  replaced by a symlink is refused rather than followed;
-- `run_as` becomes the uid and gid the command runs as ("UID:GID"): an
+- its executable by absolute path and identity (`binary`), never looked up on
+  PATH again; a container's image by its id (`image_id`), never by its name again;
+- the workspace and writable paths canonical, and pinned by identity (`pins`:
+  device and inode), so that a path a command renamed or replaced by a symlink
+  is refused rather than followed;
+- `run_as` as the uid and gid the command runs as ("UID:GID"): an
   unprivileged one (`user`, 65534) when the caller is root, else the caller's.
 
-`check_pinned` refuses a later use that asks for something else. What can run here,
-and how a call is wrapped, are the seam's (sandbox/): `pin` is handed its answers.
+This module holds what every backend shares: the pinned form, the checks of each
+value, and `check_pinned`, which refuses a later use that asks for something else.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from ..errors import LimitMismatch, SandboxError, UsageError
+from ..errors import LimitMismatch, UsageError
 from ..osio import plain
 from ..types import SANDBOX_SETTINGS
 from . import _egress as egress
 from ._egress import NETWORKS
 
-MODES = ("none", "bwrap", "docker")
 HOMES = ("host", "trial")
 #: The override names that are sandbox settings rather than limits.
 SETTINGS = (*SANDBOX_SETTINGS, "origin", "search_path", "home_path")
+#: The settings only some backends take (each names its own: Backend.TAKES).
+OWNED_SETTINGS = ("run_as", "home", "image")
 #: The flag of each setting, for messages.
 FLAG_OF = {name: "--" + name.replace("_", "-") for name in SANDBOX_SETTINGS}
 #: `--run-as user`: nobody, an id that owns nothing on a host and that no host trusts.
@@ -69,29 +68,29 @@ class Sandbox(NamedTuple):
     network: str = "host"
     workspace: str | None = None
     writable: tuple[str, ...] = ()
-    #: The bwrap executable (mode bwrap).
+    #: The backend's executable (a sandbox's, or a container engine's client).
     binary: Binary | None = None
-    #: The workspace and writable paths by identity (mode bwrap).
+    #: The workspace and writable paths by identity (every backend but none).
     pins: tuple[Pin, ...] = ()
     #: Why "auto" resolved to none, in the sandbox's own words (None otherwise).
     fallback: str | None = None
-    #: "trial": the command's $HOME is a layer of the trial's own over the host's (mode bwrap,
-    #: sandbox/_home.py); "host": the host's, read-only like the rest of its root.
+    #: "trial": the command's $HOME is a layer of the trial's own over the host's
+    #: (sandbox/_home.py); "host": the host's, read-only like the rest of its root.
     home: str = "host"
     #: The host's home directory (canonical) the layer goes over, when `home` is "trial".
     home_path: str | None = None
-    #: Mode docker: the image as named, and its id (what every container of the trial is made from).
+    #: A container's image as named, and its id (what every container of the trial is made from).
     image: str | None = None
     image_id: str | None = None
     #: Network "allow": the allowlist, canonical (egress.canonical).
     allow: tuple[str, ...] = ()
-    #: "UID:GID", who the command runs as (modes bwrap and docker); None in trials made before it was pinned.
+    #: "UID:GID", who the command runs as (every backend but none); None in trials made before it was pinned.
     run_as: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        images = ("image", "image_id") if self.mode != "docker" else ()  # a container's only
-        unused = (*images, *(("allow",) if self.network != "allow" else ()))
-        unused += ("run_as",) if self.mode == "none" else ()
+        # A backend's own fields only where it pinned them; the allowlist only with network "allow".
+        unused = {name for name in _OPTIONAL_FIELDS if getattr(self, name) is None}
+        unused |= {"allow"} if self.network != "allow" else set()
         return {
             **{name: value for name, value in self._asdict().items() if name not in unused},
             "writable": list(self.writable),
@@ -129,11 +128,6 @@ def run_as(value: Any) -> str:
 
 UNSANDBOXED = Sandbox()  # what a trial created before sandboxes existed holds: nothing
 
-#: Given the paths a command could write and the PATH to search, the bwrap executable to pin, or why none.
-Available = Callable[[tuple[str, ...], "str | None"], "tuple[Binary | None, str | None]"]
-#: Given an image, the PATH to search and the writable paths: the container client and the image's id, or why none.
-ContainerAvailable = Callable[[str, "str | None", tuple[str, ...]], "tuple[Binary | None, str | None, str | None]"]
-
 
 def split(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the limits, the sandbox settings) of one overrides dict."""
@@ -143,17 +137,13 @@ def split(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def checked(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """`settings` with their values checked (UsageError naming the flag); paths not yet resolved."""
+    """`settings` with their values checked (UsageError naming the flag); paths not yet resolved.
+
+    Which backend takes which is the registry's to check (_backends.checked)."""
     checked = dict(settings)
-    mode = settings.get("sandbox")
-    if mode is not None and mode not in (*MODES, "auto"):
-        msg = f"--sandbox must be one of none, bwrap, docker, auto, not {plain(mode)}"
-        raise UsageError(msg)
     image = settings.get("image")
     if image is not None and (not isinstance(image, str) or not image or not image.isprintable()):
         raise UsageError(f"--image must name an image, not {plain(image)}")
-    if image is not None and mode not in (None, "docker"):
-        raise UsageError("--image goes with --sandbox docker")
     checked.update(egress.checked(settings))
     if settings.get("run_as") is not None:
         run_as(settings["run_as"])
@@ -189,7 +179,7 @@ def _canonical(path: str, flag: str, *, directory: bool) -> str:
     return resolved
 
 
-def _paths(settings: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+def paths(settings: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
     """The workspace and writable paths, canonical; relative ones and the default from `origin` (else here)."""
     origin = settings.get("origin") or os.getcwd()
     workspace = _canonical(os.path.join(origin, settings.get("workspace") or "."), "--workspace", directory=True)
@@ -204,98 +194,9 @@ def _paths(settings: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
     return workspace, writable
 
 
-def pin(settings: dict[str, Any], available: Available | None, containers: ContainerAvailable | None = None) -> Sandbox:
-    """The sandbox a new trial pins: "auto" resolved on this machine, the executable and paths pinned.
-
-    `available` (the seam's, sandbox/) says which bwrap to pin, or why none
-    can run here; `containers`, which container client and image. SandboxError when
-    bwrap is asked for (or network "none", which needs it) and cannot run here, or
-    docker is and its image cannot.
-    """
-    settings = checked(settings)
-    workspace, writable = _paths(settings)
-    mode = settings.get("sandbox") or "auto"
-    if mode == "docker" or settings.get("image") is not None:
-        return _container(settings, workspace, writable, containers)
-    binary: Binary | None = None
-    fallback: str | None = None
-    if mode != "none":
-        roots = tuple(sorted({workspace, *writable}, key=len))
-        # Runs a tiny sandbox: only now, when a trial is created.
-        search = settings.get("search_path")
-        binary, reason = (None, "no sandbox backend was given") if available is None else available(roots, search)
-        if binary is not None:
-            mode = "bwrap"
-        elif mode == "bwrap" or settings.get("network") in ("none", "allow"):
-            asked = "--sandbox bwrap" if mode == "bwrap" else f"--network {settings['network']}"
-            raise SandboxError(f"{asked} needs the bwrap sandbox: {reason}")
-        else:
-            mode, fallback = "none", reason
-    if mode == "none":
-        if settings.get("network") in ("none", "allow"):
-            raise UsageError(f"--network {settings['network']} needs a sandbox; it cannot hold with --sandbox none")
-        if settings.get("home") == "trial" and settings.get("sandbox") == "none":
-            raise UsageError("--home trial needs a sandbox; it cannot hold with --sandbox none")
-        if settings.get("run_as") is not None:
-            raise UsageError("--run-as needs a sandbox: with --sandbox none a command runs as its caller")
-        return Sandbox("none", "host", workspace, writable, fallback=fallback)
-    pins = tuple(identity(path) for path in (workspace, *writable))
-    home, home_path = _home(settings, workspace, writable)
-    network, allow = settings.get("network") or "none", settings.get("allow") or ()
-    ids = _pinned_run_as(settings)
-    return Sandbox(
-        "bwrap", network, workspace, writable, binary, pins, home=home, home_path=home_path, allow=allow, run_as=ids
-    )
-
-
-def _pinned_run_as(settings: Mapping[str, Any]) -> str:
+def pinned_run_as(settings: Mapping[str, Any]) -> str:
+    """The `run_as` a new trial pins: as given, else `default_run_as`."""
     return default_run_as() if settings.get("run_as") is None else run_as(settings["run_as"])
-
-
-def _container(
-    settings: dict[str, Any], workspace: str, writable: tuple[str, ...], containers: ContainerAvailable | None
-) -> Sandbox:
-    """A docker trial's sandbox: the client pinned, the image by its id; the home is the image's."""
-    image = settings.get("image")
-    if settings.get("sandbox") != "docker" or not isinstance(image, str):
-        raise UsageError("--sandbox docker needs --image IMAGE, and --image goes with --sandbox docker only")
-    if settings.get("home") is not None:
-        raise UsageError("--home is bwrap's: a container's $HOME is its image's")
-    roots = tuple(sorted({workspace, *writable}, key=len))
-    binary, image_id, reason = (
-        (None, None, "no container backend")
-        if containers is None
-        else containers(image, settings.get("search_path"), roots)
-    )
-    if binary is None or image_id is None:
-        raise SandboxError(f"--sandbox docker: {reason}")
-    pins = tuple(identity(path) for path in (workspace, *writable))
-    network = settings.get("network") or "none"
-    if network == "allow":
-        raise UsageError("--network allow runs under --sandbox bwrap; a container has none or host (docs/sandbox.md)")
-    ids = _pinned_run_as(settings)
-    return Sandbox("docker", network, workspace, writable, binary, pins, image=image, image_id=image_id, run_as=ids)
-
-
-def _home(settings: dict[str, Any], workspace: str, writable: tuple[str, ...]) -> tuple[str, str | None]:
-    """The pinned home: "trial" by default, over the caller's $HOME (`home_path`); "host" when asked for.
-
-    A home that is the workspace, or inside a writable path, is the command's already: "host". So is
-    one that is no directory, unless "trial" was asked for (then it is an error).
-    """
-    wanted = settings.get("home") or "trial"
-    # The caller's $HOME (the per-user server's callers send theirs), else this process's.
-    given = settings.get("home_path") or os.environ.get("HOME")
-    if wanted == "host":
-        return "host", None
-    path = os.path.realpath(given) if isinstance(given, str) and given.startswith("/") else None
-    if path is None or path == "/" or not os.path.isdir(path):
-        if settings.get("home") == "trial":
-            raise UsageError(f"--home trial: $HOME {plain(given)} is not a directory to go over")
-        return "host", None
-    if any(path == root or path.startswith(root.rstrip("/") + "/") for root in (workspace, *writable)):
-        return "host", None
-    return "trial", path
 
 
 def identity(path: str) -> Pin:
@@ -304,11 +205,8 @@ def identity(path: str) -> Pin:
     return Pin(path, info.st_dev, info.st_ino)
 
 
-def check_pinned(pinned: Sandbox, settings: dict[str, Any]) -> None:
-    """Refuse settings passed now that differ from the pinned ones ("auto" accepts whatever was pinned)."""
-    if not settings:
-        return
-    settings = checked(settings)
+def check_pinned(pinned: Sandbox, settings: Mapping[str, Any]) -> None:
+    """Refuse settings passed now (checked) that differ from the pinned ones ("auto" accepts whatever was pinned)."""
     mode = settings.get("sandbox")
     if mode is not None and mode != "auto" and mode != pinned.mode:
         _mismatch("sandbox", mode, pinned.mode)
@@ -319,7 +217,7 @@ def check_pinned(pinned: Sandbox, settings: dict[str, Any]) -> None:
     if settings.get("run_as") is not None and run_as(settings["run_as"]) != (pinned.run_as or default_run_as()):
         _mismatch("run_as", run_as(settings["run_as"]), pinned.run_as or default_run_as())
     if settings.get("workspace") is not None or settings.get("writable"):
-        workspace, writable = _paths(settings)
+        workspace, writable = paths(settings)
         if settings.get("workspace") is not None and workspace != pinned.workspace:
             _mismatch("workspace", workspace, pinned.workspace)
         if settings.get("writable") and writable != pinned.writable:
@@ -336,25 +234,23 @@ def _mismatch(name: str, wanted: Any, pinned: Any) -> None:
 _FIRST_FIELDS = frozenset({"mode", "network", "workspace", "writable"})
 
 
-def from_state(data: Any) -> Sandbox:
-    """The pinned sandbox as stored in a state file; ValueError if it is malformed."""
-    if data is None:
-        return UNSANDBOXED
-    if not isinstance(data, dict) or not _FIRST_FIELDS <= set(data) <= set(Sandbox._fields):
+def parsed(data: dict[str, Any]) -> Sandbox:
+    """A stored sandbox's shared fields checked, and the whole as pinned; ValueError if malformed.
+
+    The registry has already asked its backend about the fields of its own (Backend.stored).
+    """
+    if not _FIRST_FIELDS <= set(data) <= set(Sandbox._fields):
         raise ValueError("the sandbox is malformed")
     workspace, writable = data["workspace"], data["writable"]
-    images = (data.get("image"), data.get("image_id")) if data["mode"] == "docker" else ()
     if (
-        data["mode"] not in MODES
+        not isinstance(data["mode"], str)
         or data["network"] not in NETWORKS
-        or (data["mode"] == "bwrap" and not isinstance(workspace, str))
+        or not isinstance(workspace, str | None)
         or not isinstance(writable, list)
         or not all(isinstance(path, str) for path in writable)
-        or not isinstance(data.get("fallback"), str | None)
+        or not all(isinstance(data.get(name), str | None) for name in ("fallback", "home_path", *_OPTIONAL_FIELDS))
         or data.get("home", "host") not in HOMES
-        or not isinstance(data.get("home_path"), str | None)
         or (data.get("home") == "trial" and not isinstance(data.get("home_path"), str))
-        or not all(isinstance(value, str) for value in images)
         or not egress.stored(data.get("allow", []))
         or (data.get("run_as") is not None and not _ids(data["run_as"]))
     ):
@@ -366,12 +262,14 @@ def from_state(data: Any) -> Sandbox:
         raise ValueError("the sandbox is malformed") from exc
     if (binary is not None and not _typed(binary, str, int)) or not all(_typed(pin, str, int) for pin in pins):
         raise ValueError("the sandbox is malformed")
-    later = {name: data[name] for name in (*_LATER_FIELDS, "run_as") if name in data}
+    later = {name: data[name] for name in _LATER_FIELDS if name in data}
     later["allow"] = tuple(data.get("allow") or ())
     return Sandbox(data["mode"], data["network"], workspace, tuple(writable), binary, pins, **later)
 
 
-_LATER_FIELDS = ("fallback", "home", "home_path", "image", "image_id")
+#: Fields a backend pins only when it takes them (a container's image): left out of the state when None.
+_OPTIONAL_FIELDS = ("image", "image_id", "run_as")
+_LATER_FIELDS = ("fallback", "home", "home_path", *_OPTIONAL_FIELDS)
 
 
 def _ids(value: Any) -> bool:
@@ -386,21 +284,21 @@ def _typed(row: tuple[Any, ...], first: type, rest: type) -> bool:
 
 
 __all__ = [
-    "MODES",
+    "FLAG_OF",
     "NETWORKS",
+    "OWNED_SETTINGS",
     "SETTINGS",
     "UNSANDBOXED",
-    "Available",
     "Binary",
-    "ContainerAvailable",
     "Pin",
     "Sandbox",
     "check_pinned",
     "checked",
     "default_run_as",
-    "from_state",
     "identity",
-    "pin",
+    "parsed",
+    "paths",
+    "pinned_run_as",
     "run_as",
     "split",
 ]

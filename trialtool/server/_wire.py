@@ -37,8 +37,8 @@ IDLE_ENV = "TRIALTOOL_SERVER_IDLE"
 
 
 #: What the server takes from the environment of the caller that starts it, and nothing more: the
-#: settings its own work reads (where bwrap and docker are found, its socket's directory, the
-#: encoder's file, the docker client's config). Each is part of the server's name (`identity`), so a
+#: settings its own work reads (where bwrap and the container clients are found, its socket's directory,
+#: the encoder's file, the docker and podman clients' config). Each is part of the server's name (`identity`), so a
 #: caller is served only by a server started with the very same values. Nothing that makes a program
 #: run code of someone's choosing is among them (PYTHONPATH, PYTHONSTARTUP, LD_PRELOAD, BASH_ENV, ...):
 #: the caller's environment is its command's alone, sent with each call.
@@ -61,6 +61,9 @@ SERVER_KEEPS = (
     "DOCKER_CONTEXT",
     "DOCKER_CERT_PATH",
     "DOCKER_TLS_VERIFY",
+    "CONTAINER_HOST",
+    "CONTAINERS_CONF",
+    "CONTAINERS_STORAGE_CONF",
 )
 
 

@@ -95,7 +95,7 @@ def deliver(
         err = err._replace(text="", tokens=0, clipped=False)
     clipped = out.clipped or err.clipped
     status = after_delivery(status, clipped)
-    ran_to_end = outcome.ended == "exited"
+    ran_to_end = outcome.report.ended == "exited"
     # One field a line, in the order docs/records.md lists them: a long literal, not logic.
     record = records.call(
         trial_id=reservation.trial_id,
@@ -127,30 +127,30 @@ def deliver(
         token_cost_censored=not ran_to_end or stdout_cut or stderr_cut,
         output_truncated=clipped,
         trial_tool_notice=notice or None,
-        elapsed_seconds=outcome.elapsed,
+        elapsed_seconds=outcome.report.elapsed,
         started_at_utc=clock.utc(started_wall),
         ended_at_utc=clock.utc(time.time()),
         deadline_seconds=reservation.run_seconds,
         deadline_kind=reservation.deadline_kind,
-        ended=outcome.ended,
+        ended=outcome.report.ended,
         command_exit_code=outcome.exit_code,
         command_signal=outcome.signal,
         return_code=exit_code,
-        error=outcome.error,
-        stop_signal=outcome.stop_signal,
-        deadline_overshoot_seconds=outcome.deadline_overshoot,
-        exited_after_deadline_seconds=outcome.exited_after_deadline,
-        processes_killed=outcome.killed,
-        processes_surviving=list(outcome.survivors),
-        peak_rss_bytes=outcome.peak_rss,
-        peak_rss_scope=outcome.peak_rss_scope,
-        cpu_user_seconds=outcome.cpu_user,
-        cpu_system_seconds=outcome.cpu_system,
-        containment=outcome.containment,
+        error=outcome.report.error,
+        stop_signal=outcome.report.stop_signal,
+        deadline_overshoot_seconds=outcome.report.deadline_overshoot,
+        exited_after_deadline_seconds=outcome.report.exited_after_deadline,
+        processes_killed=outcome.report.killed,
+        processes_surviving=list(outcome.report.survivors),
+        peak_rss_bytes=outcome.report.peak_rss,
+        peak_rss_scope=outcome.report.peak_rss_scope,
+        cpu_user_seconds=outcome.report.cpu_user,
+        cpu_system_seconds=outcome.report.cpu_system,
+        containment=outcome.report.containment,
         **(call_fields or {}),
     )
-    if outcome.network is not None:
-        record["network"] = outcome.network
+    if outcome.report.network is not None:
+        record["network"] = outcome.report.network
     if withheld:
         record["withheld"] = True
     if reply != "text":
@@ -208,12 +208,12 @@ def settle(
 
 def outcome_of(ran: Ran, elapsed: float, cap: int) -> Outcome:
     """A command run elsewhere (`Trial.acall_elsewhere`) as an `Outcome`: its streams kept to `cap` bytes each."""
-    from ..process import Outcome
+    from ..process import Outcome, Report
 
     out, err = ran.stdout, ran.stderr
     code = ran.exit_code if ran.ended == "exited" else None
-    digest = hashlib.sha256(out).hexdigest(), hashlib.sha256(err).hexdigest()
-    return Outcome(out[:cap], err[:cap], len(out), len(err), *digest, ran.ended, code, None, elapsed)
+    streams = ((len(out), hashlib.sha256(out).hexdigest()), (len(err), hashlib.sha256(err).hexdigest()))
+    return Outcome(out[:cap], err[:cap], Report(ran.ended, code, elapsed, streams=streams))
 
 
 def failed(reservation: Reservation, request: CallRequest, started_wall: float, error: str) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """What a call checks under the ledger's lock before it is charged; a check that fails charges nothing.
 
 Its input within the trial's `max_stdin_bytes`; the o200k_base file there, with
-the right hash; room on disk for its output's capture; and, for a sandboxed
-trial, bwrap and every pinned path as pinned, the call's directory visible,
-the trial's /tmp and home made, or its container running. The ledger runs these (`Ledger.reserve`'s
+the right hash; room on disk for its output's capture; and what the trial's
+sandbox backend checks (sandbox/: for bwrap, bwrap and every pinned path as
+pinned, the call's directory visible, the trial's /tmp and home made; for a
+container, the trial's container running). The ledger runs these (`Ledger.reserve`'s
 `preflight`) once it has read the trial's state, so that they see its pinned
 limits and sandbox.
 """
@@ -13,20 +14,28 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from .. import sandbox as seam
+from .. import sandbox
 from ..errors import StorageError, UsageError
 from ..ledger import TrialState, durable
 from ..osio import reserve
 from ..output import tokens
 from ..process import Launcher, Spec
-from ..sandbox import Pin, Sandbox
+from ..sandbox import UNSANDBOXED, Sandbox
 from ..types import CallRequest, Limits
 
 
+class Placed(NamedTuple):
+    """Where a call ran: whether in a sandbox (its "not found" is then explained), and what its record says of it."""
+
+    sandboxed: bool
+    #: Merged into the call's record: its container ({"container": ...}), or where a harness ran it.
+    record: dict[str, Any] | None = None
+
+
 class Preflight:
-    """One trial's checks before a call: the sandbox plans it made, the rank file it located."""
+    """One trial's checks before a call: its backend's session, the rank file it located."""
 
     def __init__(
         self, state_path: str, log_path: str, hidden_files: Sequence[str], rank_file: str | os.PathLike[str] | None
@@ -38,32 +47,32 @@ class Preflight:
         self.rank_file = rank_file
         #: The rank file as the last check located it (tokens.locate).
         self.rank_path: str | None = None
-        self._plans: dict[Sandbox, seam.Plan] = {}
-        self._containers: dict[Sandbox, seam.Container] = {}
+        self._sessions: dict[Sandbox, sandbox.Session] = {}
+        #: The sandbox the last call's state pinned: what a warm call starts ahead.
+        self.last: Sandbox | None = None
 
-    def plan(self, sandbox: Sandbox) -> seam.Plan:
-        """The trial's sandbox plan (where its files are hidden), made once per pinned sandbox."""
-        plan = self._plans.get(sandbox)
-        if plan is None:
+    def session(self, pinned: Sandbox) -> sandbox.Session:
+        """The trial's sandbox as its calls use it, made by its backend once per pinned sandbox."""
+        session = self._sessions.get(pinned)
+        if session is None:
             path = self.state_path
-            files = [path, self.log_path, path + ".lock", *self.hidden_files]
+            secret = (path, self.log_path, path + ".lock", *self.hidden_files)
             # The rank file as the call's check located it (check_rank_file, which runs first).
-            plan = self._plans[sandbox] = seam.Plan(sandbox, path, files, self.rank_path)
-        return plan
-
-    def container(self, sandbox: Sandbox) -> seam.Container:
-        """The trial's container as its calls use it (mode docker), made once per pinned sandbox."""
-        container = self._containers.get(sandbox)
-        if container is None:
-            files = [self.state_path, self.log_path, self.state_path + ".lock", *self.hidden_files]
-            container = self._containers[sandbox] = seam.Container(sandbox, self.state_path, self.log_path, files)
-        return container
+            files = sandbox.TrialFiles(path, self.log_path, secret, self.rank_path)
+            session = self._sessions[pinned] = sandbox.backend(pinned.mode).session(pinned, files)
+        return session
 
     def one_at_a_time(self, state: TrialState) -> bool:
-        """Whether the trial's calls must run one at a time: in its container (what runs there besides
-        the container's own is the call's), or with its files inside a writable path."""
-        mode = state.sandbox.mode
-        return mode == "docker" or (mode == "bwrap" and self.plan(state.sandbox).layout.exposed)
+        """Whether the trial's calls must run one at a time, as its backend says."""
+        return self.session(state.sandbox).one_at_a_time
+
+    def ahead(self) -> None:
+        """Start what the call's check will wait on (a probe), before the lock: from the last call's
+        pinned sandbox, or, on a process's first call, from the state read without the lock."""
+        if self.last is None:
+            sandbox.probe_ahead(self.state_path)
+        else:
+            sandbox.backend(self.last.mode).ahead(self.last)
 
     def check_rank_file(self, state: TrialState) -> None:
         """The rank file is there and has the right hash, or nothing is charged.
@@ -83,68 +92,41 @@ class Preflight:
 
 
 class Checks:
-    """One call's checks; after them, `sandboxed` holds its sandbox plan, /tmp and layout, if sandboxed."""
+    """One call's checks; after them, `checked` is its backend's word on how the command runs."""
 
     def __init__(self, preflight: Preflight, request: CallRequest, launcher: Launcher | None) -> None:
         self.preflight = preflight
         self.request = request
         self.launcher = launcher
-        self.sandboxed: tuple[seam.Plan, Pin, seam.Layout] | None = None
-        #: Mode docker: the trial's container, running, and how a call runs in it.
-        self.contained: tuple[seam.Container, seam.Started] | None = None
+        self.mode = UNSANDBOXED.mode
+        self.checked: sandbox.Checked | None = None
 
     def spec(self, env: dict[str, str], started: float, deadline: float, limits: Limits) -> Spec:
         """The supervisor's orders for the checked call: its command as its backend runs it."""
         request = self.request
-        argv = list(request.argv)
-        run_argv, binds, container, backend, egress = argv, [], None, "none", None
-        cwd = request.cwd or os.getcwd()
-        if self.contained is not None:
-            # The command runs in the trial's container; the client runs here, with this process's environment.
-            inside, started_in = self.contained
-            run_argv = inside.argv(started_in, argv, cwd, request.env, request.unset_env, request.stdin is not None)
-            env, container, backend = dict(os.environ), started_in.name, "docker"
-        elif self.sandboxed is not None:
-            plan, tmp, hide = self.sandboxed
-            run_argv, pinned = plan.wrap(argv, cwd, tmp, hide, limits.max_open_files)
-            binds, backend = [(index, *pin) for index, pin in pinned], plan.sandbox.mode
-            if plan.sandbox.network == "allow":
-                from ..sandbox.network import environment
-
-                egress = plan.sandbox.allow
-                env = {**env, **environment(egress)}
+        assert self.checked is not None, "the call's checks ran"
+        wrapped = self.checked.wrap(request, env, limits)
         return Spec(
-            run_argv,
+            wrapped.argv,
             request.cwd,
-            env,
+            wrapped.env,
             started,
             deadline,
             limits,
-            backend=backend,
+            backend=self.mode,
             umask=request.umask,
             caller_rlimits=request.rlimits or (),
             stdin=request.stdin,
             merge=request.merge_output,
-            binds=tuple(binds),
-            container=container,
-            egress=egress,
+            binds=wrapped.binds,
+            place=wrapped.place,
+            egress=wrapped.egress,
         )
 
-    def container_record(self) -> dict[str, Any] | None:
-        """What the call's record says of the container that ran it (mode docker), else None."""
-        if self.contained is None:
-            return None
-        sandbox, started = self.contained[0].sandbox, self.contained[1]
-        return {
-            "container": {
-                "name": started.name,
-                "id": started.id,
-                "image": sandbox.image,
-                "image_id": sandbox.image_id,
-                # Why a container was made for this call (the trial's first, the last one gone); None: it ran.
-                "made": started.made,
-            }
-        }
+    def placed(self) -> Placed:
+        """Where the checked call ran, for its delivery and its record."""
+        record = None if self.checked is None else self.checked.record()
+        return Placed(self.mode != UNSANDBOXED.mode, record)
 
     def __call__(self, state: TrialState) -> None:
         limits = state.limits
@@ -157,21 +139,14 @@ class Checks:
             raise UsageError(msg)
         self.preflight.check_rank_file(state)
         _reserve_spools(self.launcher, limits.max_capture_bytes, self.request.merge_output)
-        self.sandboxed = self.contained = None
-        if state.sandbox.mode == "none":
-            seam.settle()
-            return
-        if state.sandbox.mode == "docker":
-            container = self.preflight.container(state.sandbox)
-            self.contained = (container, container.ready(state.trial_id, limits, state.calls))
-            return
-        request = self.request
-        plan = self.preflight.plan(state.sandbox)
-        cwd = request.cwd or os.getcwd()
-        tmp, hide = plan.check(cwd, state.trial_id, request.environ, request.read_only, request.caller_imports)
-        # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
-        durable.touch(self.preflight.log_path)
-        self.sandboxed = (plan, tmp, hide)
+        self.checked = None
+        self.mode = state.sandbox.mode
+        self.preflight.last = state.sandbox
+        session = self.preflight.session(state.sandbox)
+        self.checked = session.prepare(sandbox.CallAt(state.trial_id, limits, state.calls, self.request))
+        if session.hides_files:
+            # The log must exist before the sandbox starts, to be hidden when it sits in a writable path.
+            durable.touch(self.preflight.log_path)
 
 
 def _reserve_spools(launcher: Launcher | None, capture_bytes: int, merged: bool) -> None:
@@ -192,4 +167,4 @@ def _reserve_spools(launcher: Launcher | None, capture_bytes: int, merged: bool)
             raise StorageError.no_room(what, needed, launcher.spool_dir, capture_bytes) from None
 
 
-__all__ = ["Checks", "Preflight"]
+__all__ = ["Checks", "Placed", "Preflight"]

@@ -24,7 +24,7 @@ from ..ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation, Settings, TrialS
 from ..process import Launcher, Outcome, environment
 from ..types import Budget, CallRequest, CallResult, Command, Interrupt, Runner, budget, current_directory
 from . import _delivery as delivery
-from ._preflight import Preflight
+from ._preflight import Placed, Preflight
 
 if TYPE_CHECKING:
     from ..process import ForkServer
@@ -81,8 +81,7 @@ class Trial:
             lock_timeout=lock_timeout,
             key=key,
             stop_leftovers=stop_leftovers,
-            sandbox_available=seam.available,
-            container_available=seam.docker.available,
+            pin_sandbox=seam.pin,
         )
         #: Files a sandboxed command must not reach besides the state, log and lock (a key file).
         self.hidden_files = [os.fspath(path) for path in hidden_files]
@@ -198,7 +197,7 @@ class Trial:
             self.ledger.abandon(reservation.sequence)  # the next reservation records it as abandoned
             raise
         outcome = delivery.outcome_of(ran, time.monotonic() - started, reservation.limits.max_capture_bytes)
-        where = {"elsewhere": dict(ran.where)}
+        where = Placed(True, {"elsewhere": dict(ran.where)})
         return await asyncio.to_thread(self._finish, reservation, request, outcome, started_wall, None, where)
 
     async def abudget(self) -> Budget:
@@ -234,9 +233,9 @@ class Trial:
         self.ledger.directories()
         # The supervisor is forked first and gets ready while the call is reserved.
         with nullcontext(ready) if ready is not None else Launcher(self.ledger.directory, self._server()) as launcher:
-            outcome, reservation, started_wall, sandboxed = self._reserve_and_run(request, env, interrupt, launcher)
+            outcome, reservation, started_wall, placed = self._reserve_and_run(request, env, interrupt, launcher)
         try:
-            return self._finish(reservation, request, outcome, started_wall, interrupt, sandboxed)
+            return self._finish(reservation, request, outcome, started_wall, interrupt, placed)
         except BaseException:
             # Not committed (a disk error, say): the call stays charged, and the next
             # reservation, in this process or another, records it as abandoned.
@@ -259,7 +258,7 @@ class Trial:
 
     def _reserve_and_run(
         self, request: CallRequest, env: dict[str, str], interrupt: Interrupt | None, launcher: Launcher
-    ) -> tuple[Outcome, Reservation, float, dict[str, Any] | bool]:
+    ) -> tuple[Outcome, Reservation, float, Placed]:
         def cancelled() -> None:
             if interrupt is not None and interrupt.signum is not None:
                 msg = f"{interrupt.reason} before the call started; nothing ran and nothing is charged"
@@ -267,8 +266,7 @@ class Trial:
 
         checks = self._preflight.for_call(request, launcher)
 
-        if self.settings.sandbox.get("sandbox") not in ("none", "docker"):
-            seam.probe_ahead(self.ledger.state_path)  # its few ms overlap the reservation
+        self._preflight.ahead()  # a probe's few ms overlap the reservation
         settings = self.settings if request.environ is None else self.settings.for_caller(request.environ)
         argv = list(request.argv)
         if request.grading:
@@ -302,7 +300,7 @@ class Trial:
             # (this process lives on, so nothing else would).
             self.ledger.abandon(reservation.sequence)
             raise
-        return outcome, reservation, started_wall, checks.container_record() or checks.sandboxed is not None
+        return outcome, reservation, started_wall, checks.placed()
 
     def _commit_failure(self, reservation: Reservation, record: dict[str, Any]) -> None:
         """Record a call that trial-tool itself failed to run; it stays charged."""
@@ -323,12 +321,12 @@ class Trial:
         outcome: Outcome,
         started_wall: float,
         interrupt: Interrupt | None,
-        sandboxed: dict[str, Any] | bool,
+        placed: Placed,
     ) -> CallResult:
         rank_path = self._preflight.rank_path
         assert rank_path is not None  # set by the reservation's preflight
         settle = functools.partial(
-            delivery.settle, outcome, reservation, request, interrupt, rank_path, started_wall, bool(sandboxed)
+            delivery.settle, outcome, reservation, request, interrupt, rank_path, started_wall, placed.sandboxed
         )
         (out, err, status, record), code = settle()
         hand_over = getattr(interrupt, "hand_over", None)
@@ -336,8 +334,8 @@ class Trial:
             # A caller that takes the output before the call is committed (the per-user server's CLI)
             # went away without it: nothing was delivered, and the record must not say otherwise.
             (out, err, status, record), code = settle(withheld=True)
-        if isinstance(sandboxed, dict):
-            record.update(sandboxed)  # which container ran it, or where a harness ran it
+        if placed.record is not None:
+            record.update(placed.record)  # which container ran it, or where a harness ran it
         if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)
             state = self.ledger.commit_grading(reservation, record)
         else:

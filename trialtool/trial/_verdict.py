@@ -37,11 +37,11 @@ def judge(
     """
     stdout_cut = outcome.stdout_bytes > limits.max_capture_bytes
     stderr_cut = outcome.stderr_bytes > limits.max_capture_bytes
-    ended = outcome.ended
+    ended = outcome.report.ended
     if ended == "not_found":
         return "command_error", EXIT_NOT_FOUND, f"trial-tool: {shown(argv[0])}: command not found\n"
     if ended == "not_executable":
-        message = f"trial-tool: {shown(argv[0])}: cannot execute: {outcome.error}\n"
+        message = f"trial-tool: {shown(argv[0])}: cannot execute: {outcome.report.error}\n"
         return "command_error", EXIT_NOT_EXECUTABLE, message
     if ended == "interrupted":
         sig = (interrupt.signum if interrupt is not None else None) or signal.SIGINT
@@ -52,7 +52,7 @@ def judge(
             deadline_kind, "the call's timeout"
         )
         what = f"stopped at the {run_seconds:.3g} s {deadline_kind} deadline ({flag})"
-        if outcome.process_cap_hit:
+        if outcome.report.process_cap_hit:
             # The cap refused its forks and it waited on until the deadline: the cap is the cause.
             what += f" after hitting the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
             return "process_limit", EXIT_TIMEOUT, f"[trial-tool: {what}]\n"
@@ -70,13 +70,13 @@ def judge(
 def _exited(outcome: Outcome, limits: Limits, capture_cut: bool) -> tuple[str, int, str]:
     """The verdict on a command that ended by itself or by the kernel's hand: its own code, and why."""
     code = 128 + outcome.signal if outcome.signal is not None else (outcome.exit_code or 0)
-    cpu_used = outcome.cpu_user + outcome.cpu_system
+    cpu_used = outcome.report.cpu_user + outcome.report.cpu_system
 
     def died_of(sig: int) -> bool:
         # Killed by it, or a shell reporting a child killed by it (128 + N): tool calls are mostly `sh -c`.
         return code == 128 + sig
 
-    if outcome.oom_kills:
+    if outcome.report.oom_kills:
         what = f"killed: out of memory at {limits.max_memory} bytes ({FLAG_OF['max_memory']})"
         return "memory_limit", code, f"[trial-tool: {what}]\n"
     if limits.max_cpu_seconds and (
@@ -87,7 +87,7 @@ def _exited(outcome: Outcome, limits: Limits, capture_cut: bool) -> tuple[str, i
     if limits.max_file_size and died_of(signal.SIGXFSZ):
         what = f"killed: a file passed {limits.max_file_size} bytes ({FLAG_OF['max_file_size']})"
         return "file_size_limit", code, f"[trial-tool: {what}]\n"
-    if outcome.process_cap_hit:
+    if outcome.report.process_cap_hit:
         what = f"the command hit the cap of {limits.max_procs} processes ({FLAG_OF['max_procs']})"
         return "process_limit", code, f"[trial-tool: {what}]\n"
     if capture_cut:

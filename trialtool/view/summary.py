@@ -211,7 +211,7 @@ def _image(sandbox: dict[str, Any]) -> dict[str, Any]:
     a trial's egress allowlist."""
     if sandbox.get("network") == "allow":
         return {"allow": list(sandbox.get("allow") or [])}
-    if sandbox.get("mode") != "docker":
+    if sandbox.get("image_id") is None:
         return {}
     return {"image_id": sandbox.get("image_id"), "image": sandbox.get("image")}
 

@@ -11,8 +11,8 @@ Directories are walked; a path with `*`, `?` or `[` is a glob (`**` reaches any
 depth).
 
 What a sandboxed command could write is not evidence: a state found inside
-the workspace or a writable path of another trial that ran in the bwrap
-sandbox (where those paths are the only ones it could write) is skipped and
+the workspace or a writable path of another trial that ran in a sandbox
+(bwrap or a container, where those paths are the only ones it could write) is skipped and
 counted, so that a trial the agent fabricated is never graded. A trial's own
 files inside its own workspace are its own (the sandbox keeps its command off
 them). Without a sandbox a command can write anywhere its user can; no path
@@ -145,7 +145,8 @@ def _read_state(path: str) -> _State | None:
     log_path = document.get("log_path")
     sandbox = document.get("sandbox")
     roots: tuple[str, ...] = ()
-    if isinstance(sandbox, dict) and sandbox.get("mode") == "bwrap":
+    # The paths a backend pinned by identity are the only ones its commands could write (none pins none).
+    if isinstance(sandbox, dict) and sandbox.get("pins"):
         named = [sandbox.get("workspace"), *(sandbox.get("writable") or [])]
         roots = tuple(os.path.realpath(root) for root in named if isinstance(root, str) and root)
     return _State(path, trial_id, log_path if isinstance(log_path, str) else None, roots)
