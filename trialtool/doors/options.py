@@ -178,15 +178,79 @@ _DESCRIPTIONS = {
 
 
 class Arguments:
-    """Parsed flags: every dest of OPTIONS for the command, as attributes."""
+    """Parsed flags, typed: each dest of OPTIONS that the command takes is set, as its kind says
+    (text: str, number: float, whole: int, list: list[str], switch: bool; None when not given and
+    without a default). tests/doors/test_options.py checks that these agree with the table."""
+
+    command: str
+    # Positional: shim's directory, server's action, the graders' paths; and --version.
+    directory: str
+    action: str
+    paths: list[str]
+    version: bool
+    # The trial's files and how they are read.
+    state: str  # required by every command that takes it, as is --log
+    log: str
+    lock_timeout: float
+    key_file: str | None
+    # What status, show, verify, report and export print.
+    json: bool
+    strict: bool
+    heads: str | None
+    expect_head: str | None
+    call: int | None
+    record: int | None
+    format: str | None
+    output: str | None
+    jobs: int | None
+    scores: str | None
+    trials: str | None
+    connections: str | None
+    details: int
+    text: bool
+    # The limits (None: not given, the pinned value or Limits' default holds).
+    max_calls: float | None
+    max_tokens: float | None
+    max_call_tokens: float | None
+    trial_timeout: float | None
+    call_timeout: float | None
+    max_capture_bytes: float | None
+    kill_grace: float | None
+    clip: str | None
+    max_memory: float | None
+    max_cpu_seconds: float | None
+    max_file_size: float | None
+    max_open_files: float | None
+    max_procs: float | None
+    max_stdin_bytes: float | None
+    # The sandbox's settings and the labels, pinned with the limits.
+    sandbox: str | None
+    image: str | None
+    network: str | None
+    allow: list[str]
+    workspace: str | None
+    writable: list[str]
+    home: str | None
+    run_as: str | None
+    labels: list[str]
+    # serve and mcp.
+    max_concurrent: int
+    max_request_bytes: int
+    # This call's command.
+    cwd: str | None
+    env: list[str]
+    unset_env: list[str]
+    clean_env: bool
+    stdin: str | None
+    merge_output: bool
+    timeout: float | None
+    read_only: list[str]
+    o200k_file: str | None
+    in_process: bool
 
     def __init__(self, command: str, values: dict[str, Any]) -> None:
         self.command = command
         self.__dict__.update(values)
-
-    def __getattr__(self, name: str) -> Any:
-        msg = f"no option {name!r} for `{self.command}`"
-        raise AttributeError(msg)
 
 
 def _empty(command: str) -> dict[str, Any]:
