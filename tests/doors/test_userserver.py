@@ -242,6 +242,37 @@ def test_a_signal_right_behind_the_request_is_not_lost(trial: TrialFiles, server
         assert trial.snapshot() == before
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("field", "value"), [("command", "echo hi"), ("cwd", None), ("stdin", "text"), ("flags", [])])
+def test_a_malformed_call_gets_one_clear_line_and_charges_nothing(
+    trial: TrialFiles, servers: Path, field: str, value: object
+) -> None:
+    from trialtool.doors.options import quick
+    from trialtool.server import client as userclient
+
+    assert trial.call("true").returncode == 0  # the first call starts the server
+    args = quick("run", ["--state", str(trial.state), "--log", str(trial.log)])
+    assert args is not None
+    before = trial.snapshot()
+    request = {**userclient.request(args, ["echo", "never"]), field: value}
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        userwire.reach(sock, userwire.socket_path())
+        sock.sendall(userwire.frame(request))
+        frames = userwire.Frames(sock)
+        answers = []
+        while len(answers) < 2:
+            message = frames.pop()
+            if message is None:
+                assert frames.feed(), "the server closed the connection"
+                continue
+            answers.append(message)
+    assert answers[0] == {"accepted": True}
+    assert answers[1]["exit"] == 125 and answers[1]["error"].startswith("the call's request to the server is malformed")
+    assert field in answers[1]["error"]
+    assert trial.snapshot() == before
+
+
 #: Connects to the socket argv[1], asks for the server's status, prints how many bytes came back.
 #: By its name in its directory: the whole path may be longer than a socket address can hold.
 ASK_STATUS = """

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import StateError
 from . import _durable as durable
+
+if TYPE_CHECKING:
+    from ._records import Record
 
 GENESIS = "0" * 64
 
@@ -60,7 +63,7 @@ class Chain:
         return hmac.compare_digest(self.digest(data), expected)
 
 
-def encode(record: dict[str, Any]) -> bytes:
+def encode(record: Mapping[str, Any]) -> bytes:
     """The record as one canonical line: sorted keys, no spaces, ASCII only."""
     return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
@@ -70,7 +73,7 @@ _SPLICED = ("stdout_b64", "stderr_b64")
 _SLICE = 1 << 20
 
 
-def encode_parts(record: dict[str, Any]) -> Iterator[bytes]:
+def encode_parts(record: Mapping[str, Any]) -> Iterator[bytes]:
     """`encode(record)`, byte for byte, as a series of parts.
 
     The captured streams' base64 is sliced straight into the line rather than
@@ -93,7 +96,7 @@ def encode_parts(record: dict[str, Any]) -> Iterator[bytes]:
     yield line
 
 
-def append(path: str, record: dict[str, Any], head: LogHead, chain: Chain, *, claim: bool = False) -> LogHead:
+def append(path: str, record: Record, head: LogHead, chain: Chain, *, claim: bool = False) -> LogHead:
     """Chain `record` onto `head`, append it durably, and return the new head.
 
     `claim`: the log's first record, written only if no one wrote one first (durable.append's `only_at`).

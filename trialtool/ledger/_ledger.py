@@ -336,7 +336,7 @@ class Ledger:
             self._room_for_record(state, command, merged)
             return reservation_of.grading(state, timeout)
 
-    def commit_grading(self, reservation: Reservation, record: dict[str, Any]) -> TrialState:
+    def commit_grading(self, reservation: Reservation, record: records.CallRecord) -> TrialState:
         """Log a grading command's record (records.grading); the agent's counters do not change."""
         with self._lock():
             state = self.store.open(None, create=False)
@@ -356,7 +356,7 @@ class Ledger:
                 pass  # the record is durable; the next open rolls the state forward (commit's rule)
         return state
 
-    def commit(self, reservation: Reservation, record: dict[str, Any]) -> TrialState:
+    def commit(self, reservation: Reservation, record: records.CallRecord) -> TrialState:
         """Log the call's record and charge its delivered tokens; return the new state."""
         delivered = int(record["delivered_emitted_tokens"])
         if delivered > reservation.allowance:

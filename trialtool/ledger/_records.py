@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 from ..osio import os_bytes, shown
 from ..sandbox import egress
@@ -41,6 +42,125 @@ GRADING_ALLOWANCE = 1 << 40
 REFUSED = tuple(status for status, _ in BUDGETS.values())
 
 
+class Line(TypedDict, total=False):
+    """What every line of a log holds: which kind of record, of which trial, its place in the chain, the totals."""
+
+    record_type: str
+    record_version: int
+    trial_id: str
+    status: str
+    charged: bool
+    #: The line's number in the log, the hash chain's link to the line before, the totals after it:
+    #: the ledger's to add (Store.append).
+    record: int
+    prev_hash: str
+    ledger_after: dict[str, int]
+
+
+class Given(TypedDict, total=False):
+    """What a call was given besides its command (`input_fields`), and the caller's name for it."""
+
+    stdin_bytes: int | None
+    stdin_sha256: str | None
+    merged_output: bool
+    request_id: str
+
+
+class CallFields(Given, total=False):
+    """What a call's record says of the call besides who it is (`CallRecord`): docs/records.md says what each means.
+
+    Every field a call's record can hold is declared once, here or in `CallRecord`: the call's
+    delivery, the ledger and its refusals build records of this shape. A record read back from
+    a log is what its writer wrote: the views check what they read rather than trust this type.
+    """
+
+    error: str | None
+    complete_delivery: bool
+    stdout_b64: str
+    stderr_b64: str
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_sha256: str
+    stderr_sha256: str
+    stdout_capture_truncated: bool
+    stderr_capture_truncated: bool
+    delivered_stdout_bytes: int
+    delivered_stderr_bytes: int
+    delivered_stdout_sha256: str
+    delivered_stderr_sha256: str
+    observed_stdout_tokens: int | None
+    observed_stderr_tokens: int | None
+    observed_emitted_tokens: int | None
+    delivered_stdout_tokens: int
+    delivered_stderr_tokens: int
+    delivered_emitted_tokens: int
+    allowance_tokens: int | None
+    clip: str
+    tokenizer: str | None
+    token_cost_censored: bool
+    output_truncated: bool
+    trial_tool_notice: str | None
+    elapsed_seconds: float
+    started_at_utc: str
+    ended_at_utc: str
+    wall_elapsed_seconds: float
+    deadline_seconds: float
+    deadline_kind: str
+    ended: str
+    command_exit_code: int | None
+    command_signal: int | None
+    return_code: int | None
+    stop_signal: int | None
+    deadline_overshoot_seconds: float | None
+    exited_after_deadline_seconds: float | None
+    processes_killed: int
+    processes_surviving: list[int]
+    peak_rss_bytes: int
+    peak_rss_scope: str
+    cpu_user_seconds: float
+    cpu_system_seconds: float
+    containment: dict[str, Any]
+    network: dict[str, Any]
+    withheld: bool
+    reply: str
+    final: bool
+    sandbox: str
+    #: Where it ran: the trial's container, or (a harness's own sandbox) what the harness said.
+    container: dict[str, Any]
+    elsewhere: dict[str, Any]
+
+
+class CallRecord(Line, CallFields, total=False):
+    """A call's whole record: which call of which trial, its command, and `CallFields`."""
+
+    #: None in a grading command's record.
+    sequence: int | None
+    command: list[str]
+    command_b64: list[str]
+
+
+class StartRecord(Line, total=False):
+    """A trial's first line (`start`): who the trial is and what it pinned."""
+
+    limits: dict[str, Any]
+    sandbox_settings: dict[str, Any]
+    labels: dict[str, str]
+    at_utc: str
+
+
+class RepairRecord(Line, total=False):
+    """That a torn last line was cut off after a crash (`repair`)."""
+
+    removed_bytes: int
+    removed_sha256: str
+    removed_b64: str
+    at_utc: str
+
+
+#: Any line trial-tool writes to a log.
+Record = CallRecord | StartRecord | RepairRecord
+
+
 class Totals(NamedTuple):
     """The ledger's running totals, as every record states them after itself (`ledger_after`)."""
 
@@ -58,7 +178,7 @@ class Totals(NamedTuple):
         return document
 
 
-def network_counts(record: dict[str, Any]) -> tuple[int, int]:
+def network_counts(record: Mapping[str, Any]) -> tuple[int, int]:
     """(connections allowed, connections denied) that a call's record counts."""
     network = record.get("network")
     if not isinstance(network, dict):
@@ -88,15 +208,15 @@ def apply(totals: Totals, record: dict[str, Any]) -> Totals | None:
     return None
 
 
-def command_fields(argv: list[str] | tuple[str, ...]) -> dict[str, Any]:
+def command_fields(argv: list[str] | tuple[str, ...]) -> CallRecord:
     """`command` as text every strict JSON parser reads, and `command_b64`, its exact bytes, where they differ."""
-    fields: dict[str, Any] = {"command": [shown(arg) for arg in argv]}
+    fields: CallRecord = {"command": [shown(arg) for arg in argv]}
     if fields["command"] != list(argv):
         fields["command_b64"] = [base64.b64encode(os_bytes(arg)).decode("ascii") for arg in argv]
     return fields
 
 
-def _base(trial_id: str, sequence: int, command: list[str], status: str) -> dict[str, Any]:
+def _base(trial_id: str, sequence: int, command: list[str], status: str) -> CallRecord:
     return {
         "record_type": RECORD_TYPE,
         "record_version": RECORD_VERSION,
@@ -108,7 +228,7 @@ def _base(trial_id: str, sequence: int, command: list[str], status: str) -> dict
 
 
 def _not_run(
-    base: dict[str, Any],
+    base: CallRecord,
     *,
     observed: int | None,
     charged: bool,
@@ -116,37 +236,39 @@ def _not_run(
     started_at_utc: str,
     at_utc: str,
     wall_elapsed: float,
-) -> dict[str, Any]:
+) -> CallRecord:
     """The fields of a record whose command delivered nothing: refused, or abandoned by a dead trial-tool."""
     base.update(
-        charged=charged,
-        error=error,
-        complete_delivery=False,
-        stdout_b64="",
-        stderr_b64="",
-        stdout_bytes=0,
-        stderr_bytes=0,
-        stdout_capture_truncated=False,
-        stderr_capture_truncated=False,
-        delivered_stdout_bytes=0,
-        delivered_stderr_bytes=0,
-        delivered_stdout_tokens=0,
-        delivered_stderr_tokens=0,
-        observed_stdout_tokens=observed,
-        observed_stderr_tokens=observed,
-        observed_emitted_tokens=observed,
-        delivered_emitted_tokens=0,
-        tokenizer=None,
-        token_cost_censored=True,
-        output_truncated=False,
-        elapsed_seconds=0.0,
-        allowance_tokens=0,
-        started_at_utc=started_at_utc,
-        ended_at_utc=at_utc,
-        wall_elapsed_seconds=wall_elapsed,
-        return_code=None,
-        command_exit_code=None,
-        command_signal=None,
+        {
+            "charged": charged,
+            "error": error,
+            "complete_delivery": False,
+            "stdout_b64": "",
+            "stderr_b64": "",
+            "stdout_bytes": 0,
+            "stderr_bytes": 0,
+            "stdout_capture_truncated": False,
+            "stderr_capture_truncated": False,
+            "delivered_stdout_bytes": 0,
+            "delivered_stderr_bytes": 0,
+            "delivered_stdout_tokens": 0,
+            "delivered_stderr_tokens": 0,
+            "observed_stdout_tokens": observed,
+            "observed_stderr_tokens": observed,
+            "observed_emitted_tokens": observed,
+            "delivered_emitted_tokens": 0,
+            "tokenizer": None,
+            "token_cost_censored": True,
+            "output_truncated": False,
+            "elapsed_seconds": 0.0,
+            "allowance_tokens": 0,
+            "started_at_utc": started_at_utc,
+            "ended_at_utc": at_utc,
+            "wall_elapsed_seconds": wall_elapsed,
+            "return_code": None,
+            "command_exit_code": None,
+            "command_signal": None,
+        }
     )
     return base
 
@@ -160,7 +282,7 @@ def refusal(
     reason: str,
     at_utc: str,
     wall_elapsed: float,
-) -> dict[str, Any]:
+) -> CallRecord:
     """A call refused before its command ran; it is not charged."""
     return _not_run(
         _base(trial_id, sequence, command, status),
@@ -182,7 +304,7 @@ def abandoned(
     at_utc: str,
     wall_elapsed: float,
     owner_pid: int,
-) -> dict[str, Any]:
+) -> CallRecord:
     """A call reserved by a trial-tool that died before committing it: charged, nothing delivered."""
     return _not_run(
         _base(trial_id, sequence, command, "abandoned"),
@@ -204,9 +326,13 @@ def failed(
     started_at_utc: str,
     at_utc: str,
     allowance: int,
-) -> dict[str, Any]:
-    """A call that trial-tool itself failed to run (`trial_tool_error`): charged, nothing delivered."""
+    given: Given | None = None,
+) -> CallRecord:
+    """A call that trial-tool itself failed to run (`trial_tool_error`): charged, nothing delivered.
+
+    `given`: what the call was given besides its command (`input_fields`)."""
     return call(
+        **(given or {}),
         trial_id=trial_id,
         sequence=sequence,
         command=command,
@@ -234,7 +360,7 @@ def size_bound(max_capture_bytes: int, command: list[str], network: bool = False
     return captures + 8 * argv + 16 * 1024 + (egress.RECORD_BOUND if network else 0)
 
 
-def input_fields(stdin: bytes | None, merged: bool) -> dict[str, Any]:
+def input_fields(stdin: bytes | None, merged: bool) -> Given:
     """What a call that ran was given besides its command: its stdin (size and digest, not bytes), merged streams."""
     return {
         "stdin_bytes": None if stdin is None else len(stdin),
@@ -243,7 +369,7 @@ def input_fields(stdin: bytes | None, merged: bool) -> dict[str, Any]:
     }
 
 
-def repair(trial_id: str, torn: bytes, at_utc: str) -> dict[str, Any]:
+def repair(trial_id: str, torn: bytes, at_utc: str) -> RepairRecord:
     """The record saying that a torn last line of `torn` bytes was cut off."""
     return {
         "record_type": REPAIR,
@@ -260,7 +386,7 @@ def repair(trial_id: str, torn: bytes, at_utc: str) -> dict[str, Any]:
 
 def start(
     *, trial_id: str, limits: dict[str, Any], sandbox: dict[str, Any], labels: dict[str, str], at_utc: str
-) -> dict[str, Any]:
+) -> StartRecord:
     """A trial's first record: it claims the log, and says who the trial is and what it pinned."""
     return {
         "record_type": START,
@@ -275,17 +401,15 @@ def start(
     }
 
 
-def grading(record: dict[str, Any]) -> dict[str, Any]:
+def grading(record: CallRecord) -> CallRecord:
     """A call's record made a grading record: the harness's command, not the agent's; uncharged."""
-    record.update(record_type=GRADING, sequence=None, charged=False, allowance_tokens=None)
+    record.update({"record_type": GRADING, "sequence": None, "charged": False, "allowance_tokens": None})
     return record
 
 
-def call(*, trial_id: str, sequence: int, command: list[str], status: str, **fields: Any) -> dict[str, Any]:
+def call(*, trial_id: str, sequence: int, command: list[str], status: str, **fields: Unpack[CallFields]) -> CallRecord:
     """A call that ran (or tried to: not found, not executable); `fields` are the rest."""
-    record = _base(trial_id, sequence, command, status)
-    record["charged"] = True
-    record.update(fields)
+    record: CallRecord = {**_base(trial_id, sequence, command, status), "charged": True, **fields}
     return record
 
 
@@ -297,6 +421,13 @@ __all__ = [
     "REFUSED",
     "REPAIR",
     "START",
+    "CallFields",
+    "CallRecord",
+    "Given",
+    "Line",
+    "Record",
+    "RepairRecord",
+    "StartRecord",
     "Totals",
     "abandoned",
     "apply",

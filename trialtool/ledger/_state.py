@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..errors import StateError
@@ -323,7 +324,7 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
     )
 
 
-def check_against_log(state: TrialState, last: dict[str, Any] | None, path: str) -> None:
+def check_against_log(state: TrialState, last: Mapping[str, Any] | None, path: str) -> None:
     """The state's counters must be those the last record states (or zero for an empty log)."""
     expected = state.totals().as_json()
     stated = last.get("ledger_after") if last is not None else Totals().as_json()

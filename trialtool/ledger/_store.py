@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from .. import sandbox
@@ -61,12 +62,12 @@ class Store:
         # module docstring): the log is, and a state one step behind it is mended.
         durable.atomic_write(self.state_path, encode(state, self.chain), sync_directory=sync_directory)
 
-    def append(self, state: TrialState, record: dict[str, Any], *, claim: bool = False) -> None:
+    def append(self, state: TrialState, record: records.Record, *, claim: bool = False) -> None:
         """Append `record`, bound to this trial and stating the totals of `state` (already updated for it)."""
         record["trial_id"] = state.trial_id
         record["record"] = state.log.records + 1
         if record.get("record_type") in (records.RECORD_TYPE, records.GRADING):
-            record["sandbox"] = state.sandbox.mode
+            record["sandbox"] = state.sandbox.mode  # type: ignore[typeddict-unknown-key]  # a call's, by its type
         record["ledger_after"] = state.totals().as_json()
         state.log = audit.append(self.log_path, record, state.log, self.chain, claim=claim)
         self._trust(state.log, record)
@@ -93,7 +94,7 @@ class Store:
         )
         self.append(state, record, claim=True)
 
-    def _trust(self, head: audit.LogHead, last: dict[str, Any] | None) -> None:
+    def _trust(self, head: audit.LogHead, last: Mapping[str, Any] | None) -> None:
         """Remember the log as this process last wrote or checked it, stamp and all."""
         stamp = durable.stamp(self.log_path)
         summary = None if last is None else {"trial_id": last.get("trial_id"), "ledger_after": last.get("ledger_after")}
@@ -148,22 +149,22 @@ class Store:
         limit_rules.check_given(state.limits, settings.limits, settings.given)
         sandbox.check_pinned(state.sandbox, settings.sandbox)
         tail = self._read_tail(state.log)
-        last = tail.last
+        last: Mapping[str, Any] | None = tail.last
         if tail.extra:
             last = self._mend(state, tail.extra) or last
         check_against_log(state, last, self.state_path)
         return state
 
-    def _mend(self, state: TrialState, extra: bytes) -> dict[str, Any] | None:
+    def _mend(self, state: TrialState, extra: bytes) -> Mapping[str, Any] | None:
         """Bring state and log back into step after a crash; return the new last record, if any."""
         complete, _, torn = extra.rpartition(b"\n")
         if not complete and torn:
             # A torn append: the writer died mid-line. Cut it off and say so in the log.
             durable.truncate(self.log_path, state.log.bytes)
-            record = records.repair(state.trial_id, torn, clock.utc(time.time()))
-            self.append(state, record)
+            repaired = records.repair(state.trial_id, torn, clock.utc(time.time()))
+            self.append(state, repaired)
             self.write(state, sync_directory=True)
-            return record
+            return repaired
         lines = complete.split(b"\n") if complete else []
         if len(lines) == 1 and not torn:
             record = mending.roll_forward(state, lines[0], self.chain, self.log_path)

@@ -86,8 +86,8 @@ class Checked(Protocol):
         """The command of `request`, with the environment `env`, as the backend runs it."""
         ...
 
-    def record(self) -> dict[str, Any] | None:
-        """What the call's record says of where it ran (a container's name and id), or None."""
+    def where(self) -> dict[str, Any] | None:
+        """What the call's record says of the container that ran it (its `container`: name, id, image), or None."""
         ...
 
 

@@ -411,7 +411,7 @@ class _Call:
 
         return Orders(argv, {**(env or {}), **environment(sandbox.allow)}, binds, egress=sandbox.allow)
 
-    def record(self) -> None:
+    def where(self) -> None:
         return None
 
 

@@ -281,17 +281,15 @@ class _Call:
         )
         return Wrapped(argv, dict(os.environ), place=self.started.name)
 
-    def record(self) -> dict[str, object]:
+    def where(self) -> dict[str, object]:
         sandbox, started = self.container.sandbox, self.started
         return {
-            "container": {
-                "name": started.name,
-                "id": started.id,
-                "image": sandbox.image,
-                "image_id": sandbox.image_id,
-                # Why a container was made for this call (the trial's first, the last one gone); None: it ran.
-                "made": started.made,
-            }
+            "name": started.name,
+            "id": started.id,
+            "image": sandbox.image,
+            "image_id": sandbox.image_id,
+            # Why a container was made for this call (the trial's first, the last one gone); None: it ran.
+            "made": started.made,
         }
 
 

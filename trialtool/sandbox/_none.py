@@ -58,7 +58,7 @@ class _Session:
     def wrap(self, request: CallRequest, env: dict[str, str] | None, limits: Limits) -> Wrapped:
         return Wrapped(list(request.argv), env)
 
-    def record(self) -> None:
+    def where(self) -> None:
         return None
 
 

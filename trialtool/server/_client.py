@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from ..doors.options import Arguments
     from ..trial import Trial
+    from ._wire import CallFrame
 
     #: Opens a call's trial in this process, from its flags (the CLI's `trial_of`).
     OpenTrial = Callable[..., AbstractContextManager[Trial]]
@@ -160,7 +161,7 @@ def _wait_gone(pid: int, timeout: float = 60.0) -> None:
 
 def request(
     args: Arguments, command: list[str], stdin: bytes | None = None, request_id: str | None = None
-) -> dict[str, Any]:
+) -> CallFrame:
     """The call as the server takes it: flags with paths made absolute, this process's own settings, the input."""
     import resource
 

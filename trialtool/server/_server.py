@@ -39,14 +39,19 @@ import struct
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..doors.fromflags import request_of, trial_of, trial_settings
 from ..doors.options import Arguments
 from ..errors import TrialToolError, UsageError
 from ..osio import make_undumpable
 from . import _world as world
-from ._wire import IDLE_ENV, Frames, frame, reach
+from ._wire import IDLE_ENV, Frames, call_frame, frame, reach
+
+if TYPE_CHECKING:
+    from ..process import ForkServer
+    from ..trial import Trial
+    from ._wire import CallFrame
 
 #: Longest request line: argv and environment, generously.
 MAX_REQUEST = 64 << 20
@@ -117,8 +122,8 @@ class UserServer:
         self.guard = threading.Lock()
         self.active = 0
         self.last_call = time.monotonic()
-        self.trials: dict[str, Any] = {}
-        self.forkserver: Any = None
+        self.trials: dict[str, Trial] = {}
+        self.forkserver: ForkServer | None = None
         #: Set by `trial-tool server stop`: leave once the calls running have ended.
         self.stopping = False
 
@@ -205,7 +210,7 @@ class UserServer:
         # The caller's later messages and its going away, read beside the call.
         watcher = threading.Thread(target=_watch, args=(frames, interrupt), daemon=True)
         watcher.start()
-        answer = self._call(request, interrupt)
+        answer = self._call_frame(request, interrupt)
         interrupt.finished = True
         try:
             conn.sendall(frame(answer))
@@ -238,9 +243,16 @@ class UserServer:
                 self.listener.shutdown(socket.SHUT_RDWR)
         return status
 
-    def _call(self, request: dict[str, Any], interrupt: RemoteInterrupt) -> dict[str, Any]:
+    def _call_frame(self, message: dict[str, Any], interrupt: RemoteInterrupt) -> dict[str, Any]:
         try:
-            args = Arguments("run", request["flags"])
+            request = call_frame(message)
+        except TrialToolError as exc:
+            return {"exit": exc.exit_code, "error": exc.message, "error_json": exc.as_json()}
+        return self._call(request, interrupt)
+
+    def _call(self, request: CallFrame, interrupt: RemoteInterrupt) -> dict[str, Any]:
+        try:
+            args = Arguments("run", dict(request["flags"]))
             trial = self._trial(args, request)
             call = request_of(
                 args,
@@ -262,7 +274,7 @@ class UserServer:
             del shown["stdout"], shown["stderr"]
         return {"exit": result.exit_code, "result": shown}
 
-    def _trial(self, args: Arguments, request: dict[str, Any]) -> Any:
+    def _trial(self, args: Arguments, request: CallFrame) -> Trial:
         """The Trial for these flags, kept for the next call with the same ones (its log stays trusted)."""
         from ..process import ForkServer
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import binascii
 import hashlib
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import EXIT_NOT_FOUND
 from ..ledger import clock, records
@@ -32,7 +32,7 @@ class Delivery(NamedTuple):
     stdout: clipping.StreamDelivery
     stderr: clipping.StreamDelivery
     status: str
-    record: dict[str, Any]
+    record: records.CallRecord
 
 
 def _base64(data: bytes) -> str:
@@ -63,7 +63,7 @@ def deliver(
     started_wall: float,
     *,
     withheld: bool = False,
-    call_fields: dict[str, Any] | None = None,
+    call_fields: records.Given | None = None,
     reply: str = "text",
 ) -> Delivery:
     """Clip the outcome's streams (and trial-tool's notice) to the allowance; the record of it all.
@@ -216,9 +216,9 @@ def outcome_of(ran: Ran, elapsed: float, cap: int) -> Outcome:
     return Outcome(out[:cap], err[:cap], Report(ran.ended, code, elapsed, streams=streams))
 
 
-def failed(reservation: Reservation, request: CallRequest, started_wall: float, error: str) -> dict[str, Any]:
+def failed(reservation: Reservation, request: CallRequest, started_wall: float, error: str) -> records.CallRecord:
     """The record of a call that trial-tool itself failed to run (it stays charged)."""
-    record = records.failed(
+    return records.failed(
         trial_id=reservation.trial_id,
         sequence=reservation.sequence,
         command=list(request.argv),
@@ -226,12 +226,11 @@ def failed(reservation: Reservation, request: CallRequest, started_wall: float, 
         started_at_utc=clock.utc(started_wall),
         at_utc=clock.utc(time.time()),
         allowance=reservation.allowance,
+        given=_call_fields(request),
     )
-    record.update(_call_fields(request))
-    return record
 
 
-def _call_fields(request: CallRequest) -> dict[str, Any]:
+def _call_fields(request: CallRequest) -> records.Given:
     """What a call's record says of it besides its command (records.input_fields), and the caller's name for it."""
     fields = records.input_fields(request.stdin, request.merge_output)
     if request.request_id is not None:

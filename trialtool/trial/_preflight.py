@@ -30,8 +30,10 @@ class Placed(NamedTuple):
     """Where a call ran: whether in a sandbox (its "not found" is then explained), and what its record says of it."""
 
     sandboxed: bool
-    #: Merged into the call's record: its container ({"container": ...}), or where a harness ran it.
-    record: dict[str, Any] | None = None
+    #: The record's `container`: the container that ran it (a container backend's word, Checked.where).
+    container: dict[str, Any] | None = None
+    #: The record's `elsewhere`: where a harness ran it, as the harness said (Trial.acall_elsewhere).
+    elsewhere: dict[str, Any] | None = None
 
 
 class Preflight:
@@ -125,8 +127,8 @@ class Checks:
 
     def placed(self) -> Placed:
         """Where the checked call ran, for its delivery and its record."""
-        record = None if self.checked is None else self.checked.record()
-        return Placed(self.mode != UNSANDBOXED.mode, record)
+        container = None if self.checked is None else self.checked.where()
+        return Placed(self.mode != UNSANDBOXED.mode, container)
 
     def __call__(self, state: TrialState) -> None:
         limits = state.limits

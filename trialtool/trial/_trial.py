@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import sandbox as seam
 from ..errors import Interrupted, StateError, TrialToolError
-from ..ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation, Settings, TrialState, liveness
+from ..ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation, Settings, TrialState, liveness, records
 from ..process import Launcher, Outcome, environment
 from ..types import Budget, CallRequest, CallResult, Command, Interrupt, Runner, budget, current_directory
 from . import _delivery as delivery
@@ -197,7 +197,7 @@ class Trial:
             self.ledger.abandon(reservation.sequence)  # the next reservation records it as abandoned
             raise
         outcome = delivery.outcome_of(ran, time.monotonic() - started, reservation.limits.max_capture_bytes)
-        where = Placed(True, {"elsewhere": dict(ran.where)})
+        where = Placed(True, elsewhere=dict(ran.where))
         return await asyncio.to_thread(self._finish, reservation, request, outcome, started_wall, None, where)
 
     async def abudget(self) -> Budget:
@@ -302,7 +302,7 @@ class Trial:
             raise
         return outcome, reservation, started_wall, checks.placed()
 
-    def _commit_failure(self, reservation: Reservation, record: dict[str, Any]) -> None:
+    def _commit_failure(self, reservation: Reservation, record: records.CallRecord) -> None:
         """Record a call that trial-tool itself failed to run; it stays charged."""
         try:
             if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)
@@ -334,8 +334,10 @@ class Trial:
             # A caller that takes the output before the call is committed (the per-user server's CLI)
             # went away without it: nothing was delivered, and the record must not say otherwise.
             (out, err, status, record), code = settle(withheld=True)
-        if placed.record is not None:
-            record.update(placed.record)  # which container ran it, or where a harness ran it
+        if placed.container is not None:
+            record["container"] = placed.container
+        if placed.elsewhere is not None:
+            record["elsewhere"] = placed.elsewhere
         if reservation.sequence == 0:  # a grading command (Ledger.reserve_grading)
             state = self.ledger.commit_grading(reservation, record)
         else:
@@ -349,7 +351,7 @@ class Trial:
             delivered_tokens=out.tokens + err.tokens,
             allowance=reservation.allowance,
             output_truncated=out.clipped or err.clipped,
-            record=record,
+            record=dict(record),
             budget=budget.of(state),
             head=state.log.head,
         )
