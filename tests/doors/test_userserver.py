@@ -212,6 +212,23 @@ def test_the_caller_keeps_its_environment_umask_and_limits(trial: TrialFiles, se
     assert trial.call("sh", "-c", "echo ${MINE:-unset}; umask").stdout == f"unset\n{mine:04o}\n".encode()
 
 
+def two_answers(payload: bytes) -> list[dict[str, object]]:
+    """`payload` sent to the server straight (as the CLI would), and its first two answers: taken, and how it ended."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        userwire.reach(sock, userwire.socket_path())
+        sock.sendall(payload)
+        frames = userwire.Frames(sock)
+        answers = []
+        while len(answers) < 2:
+            message = frames.pop()
+            if message is None:
+                assert frames.feed(), "the server closed the connection"
+                continue
+            answers.append(message)
+    return answers
+
+
 @pytest.mark.timeout(60)
 def test_a_signal_right_behind_the_request_is_not_lost(trial: TrialFiles, servers: Path) -> None:
     from tests.ledger.test_durability import stopped_lock_holder
@@ -225,18 +242,7 @@ def test_a_signal_right_behind_the_request_is_not_lost(trial: TrialFiles, server
         before = trial.snapshot()
         # The call waits for the ledger lock; the signal arrives in the same read as the request.
         payload = userwire.frame(userclient.request(args, ["echo", "never"]))
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.settimeout(30)
-            userwire.reach(sock, userwire.socket_path())
-            sock.sendall(payload + userwire.frame({"signal": int(signal.SIGTERM)}))
-            frames = userwire.Frames(sock)
-            answers = []
-            while len(answers) < 2:
-                message = frames.pop()
-                if message is None:
-                    assert frames.feed(), "the server closed the connection"
-                    continue
-                answers.append(message)
+        answers = two_answers(payload + userwire.frame({"signal": int(signal.SIGTERM)}))
         assert answers[0] == {"accepted": True}
         assert answers[1]["exit"] == 128 + signal.SIGTERM and "nothing is charged" in answers[1]["error"]
         assert trial.snapshot() == before
@@ -255,18 +261,7 @@ def test_a_malformed_call_gets_one_clear_line_and_charges_nothing(
     assert args is not None
     before = trial.snapshot()
     request = {**userclient.request(args, ["echo", "never"]), field: value}
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(30)
-        userwire.reach(sock, userwire.socket_path())
-        sock.sendall(userwire.frame(request))
-        frames = userwire.Frames(sock)
-        answers = []
-        while len(answers) < 2:
-            message = frames.pop()
-            if message is None:
-                assert frames.feed(), "the server closed the connection"
-                continue
-            answers.append(message)
+    answers = two_answers(userwire.frame(request))
     assert answers[0] == {"accepted": True}
     assert answers[1]["exit"] == 125 and answers[1]["error"].startswith("the call's request to the server is malformed")
     assert field in answers[1]["error"]
