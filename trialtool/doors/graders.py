@@ -12,10 +12,13 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import StateError, StorageError, UsageError
 from .options import Arguments
+
+if TYPE_CHECKING:
+    from ..view.summary import Summary
 
 #: `status` and `show` of a trial whose log or state fails verification (as `verify`).
 EXIT_NOT_INTACT = 1
@@ -48,7 +51,7 @@ def status(args: Arguments, key: bytes | None) -> int:
     return EXIT_NOT_INTACT if summary["integrity"]["verdict"] == "failed" else 0
 
 
-def _status_document(summary: dict[str, Any]) -> dict[str, Any]:
+def _status_document(summary: Summary) -> dict[str, Any]:
     """`status --json`: the summary's fields a harness or grader reads (docs/graders.md)."""
     return {
         "trial_id": summary["trial_id"],

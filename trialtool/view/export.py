@@ -20,11 +20,14 @@ import csv
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import TrialToolError, UsageError
 from ..ledger import START
 from ..types import Limits
+
+if TYPE_CHECKING:
+    from .report import Report
 from . import calls as call_rows
 from .render import spreadsheet_safe
 
@@ -148,7 +151,7 @@ def rows(
             yield from batch
 
 
-def trial_rows(report: Any) -> Iterator[dict[str, Any]]:
+def trial_rows(report: Report) -> Iterator[dict[str, Any]]:
     """One row of TRIALS_SCHEMA a trial, from a built report (flagged trials first)."""
     for summary in report.trials():
         integrity = summary["integrity"]

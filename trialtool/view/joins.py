@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import csv
 import json
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from .summary import Summary
 
 
 class Scores(NamedTuple):
@@ -21,10 +24,11 @@ class Scores(NamedTuple):
     by: tuple[str, ...]
     table: dict[tuple[str, ...], float]
 
-    def of(self, summary: dict[str, Any]) -> float | None:
-        labels = summary.get("labels") or {}
-        key = tuple(str(summary.get("trial_id")) if name == "trial_id" else labels.get(name) for name in self.by)
-        return self.table.get(key)  # type: ignore[arg-type]
+    def of(self, summary: Summary) -> float | None:
+        labels = summary["labels"]
+        key = [str(summary["trial_id"]) if name == "trial_id" else labels.get(name) for name in self.by]
+        # A trial without one of the labels matched on has no score.
+        return None if None in key else self.table.get(tuple(str(value) for value in key))
 
     def __len__(self) -> int:
         return len(self.table)

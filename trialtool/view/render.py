@@ -6,10 +6,13 @@ import csv
 import json
 import os
 import shutil
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..types import Limits
 from .calls import command_text, instant
+
+if TYPE_CHECKING:
+    from .summary import Summary
 
 #: Every pinned limit, in the order of `Limits`.
 LIMIT_FIELDS = Limits._fields
@@ -73,7 +76,7 @@ def spreadsheet_safe(value: Any) -> Any:
     return value
 
 
-def status_text(summary: dict[str, Any], left: dict[str, Any]) -> str:
+def status_text(summary: Summary, left: dict[str, Any]) -> str:
     """`trial-tool status` for people: what is used and left of each budget, and whether the trial is intact."""
     limits = summary["limits"]
     used = summary["used"]
@@ -178,7 +181,7 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], width: int) -> 
     return "\n".join(lines)
 
 
-def trial_row(summary: dict[str, Any], base: str | None = None) -> dict[str, Any]:
+def trial_row(summary: Summary, base: str | None = None) -> dict[str, Any]:
     """A trial as one flat row of TRIAL_COLUMNS."""
     limits = summary["limits"]
     path = summary["state"]

@@ -28,6 +28,7 @@ from ..ledger import START
 from . import summary as summaries
 from .calls import Replayer, command_text, mapping
 from .joins import Scores
+from .summary import Summary
 
 #: Trials a worker takes at a time: large enough to keep the pipe busy, small enough for a smooth progress bar.
 _CHUNK = 32
@@ -57,14 +58,14 @@ class Report:
         self._rule_of = rule_of if rule_of is not None else array("l")
         self._groups = groups or {}
 
-    def trials(self, *, details: bool = False) -> Iterator[dict[str, Any]]:
+    def trials(self, *, details: bool = False) -> Iterator[Summary]:
         """Every trial's summary (with `calls` when built with them and `details`), flagged trials first."""
         for want_flagged in (True, False):
             self._spool.seek(0)
             for index, line in enumerate(self._spool):
                 if (index in self._flagged) != want_flagged:
                     continue
-                entry: dict[str, Any] = json.loads(line)
+                entry: Summary = json.loads(line)  # this report's own spool
                 if not details:
                     entry.pop("calls", None)
                 if index < len(self._rule_of):
@@ -75,7 +76,7 @@ class Report:
         self._spool.close()
 
 
-def _against_head(summary: dict[str, Any], heads: dict[str, str]) -> None:
+def _against_head(summary: Summary, heads: dict[str, str]) -> None:
     """Fail a trial whose log does not end at the head its harness was given (verify --expect-head's rule)."""
     expected = heads.get(str(summary.get("trial_id")))
     if expected is None or summary.get("log_head") is None or summary["log_head"] == expected:
@@ -86,7 +87,7 @@ def _against_head(summary: dict[str, Any], heads: dict[str, str]) -> None:
     summary["integrity"] = {"verdict": "failed", "why": why, "first_bad_sequence": None, "line": None}
 
 
-def _work(job: tuple[str, str, bytes | None, bool]) -> dict[str, Any]:
+def _work(job: tuple[str, str, bytes | None, bool]) -> Summary:
     state, log, key, with_calls = job
     from ..ledger import snapshot
 
@@ -134,7 +135,7 @@ def _call_entry(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _results(jobs: list[tuple[str, str, bytes | None, bool]], workers: int) -> Iterator[dict[str, Any]]:
+def _results(jobs: list[tuple[str, str, bytes | None, bool]], workers: int) -> Iterator[Summary]:
     if workers <= 1 or len(jobs) < 2 * _CHUNK:
         yield from map(_work, jobs)
         return
@@ -209,17 +210,23 @@ def build(
             rule = summaries.fairness_key(summary)
             rules[rule] += 1
             keys.append(order.setdefault(rule, len(order)))
-            limits = summary["limits"]
+            limits, used_now = summary["limits"], summary["used"]
+            spent = {
+                "calls": float(used_now["calls"]),
+                "tokens": float(used_now["tokens"]),
+                "seconds": used_now["seconds"],
+            }
             for name, limit in (("calls", "max_calls"), ("tokens", "max_tokens"), ("seconds", "trial_timeout")):
-                value = float(summary["used"][name])
+                value = float(spent[name])
                 used[name].append(value)
                 cap = limits.get(limit)
                 share[name].append(value / cap if isinstance(cap, (int, float)) and cap > 0 else 0.0)
             integrity[summary["integrity"]["verdict"]] += 1
             ended[summary["ended_by"] or "none"] += 1
             statuses.update(summary["statuses"])
-            if summary.get("trial_id"):
-                ids[summary["trial_id"]] += 1
+            trial_id = summary["trial_id"]
+            if trial_id:
+                ids[trial_id] += 1
             keyed += bool(summary["keyed"])
             _count_connections(network, summary)
             if "score" in summary:
@@ -259,7 +266,7 @@ def build(
     return Report(spool, overview, flagged, keys, groups)
 
 
-def _count_connections(network: Counter[str], summary: dict[str, Any]) -> None:
+def _count_connections(network: Counter[str], summary: Summary) -> None:
     """Add a trial's connections (network "allow") to the report's: allowed, denied, trials denied any."""
     counted = summary.get("connections") or {}
     network["trials"] += summary["sandbox"].get("network") == "allow"

@@ -12,12 +12,65 @@ import json
 import math
 import os
 from collections import Counter
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from ..errors import StateError, TrialToolError
 from ..ledger import GRADING, REFUSED, REPAIR, START, TrialState, audit, decode, liveness, snapshot, verify, whole
 from ..types import LATER_FIELDS, Limits, budget
 from .calls import mapping, typed
+
+
+class Used(TypedDict):
+    """What a trial used of its budgets."""
+
+    calls: int
+    tokens: int
+    seconds: float
+
+
+class Connections(TypedDict):
+    """Connections through the egress proxy (network "allow"), as the state counts them."""
+
+    allowed: int
+    denied: int
+
+
+class Summary(TypedDict):
+    """One trial summed up: the shape docs/graders.md documents, and every output format reads."""
+
+    state: str
+    log: str
+    trial_id: str | None
+    labels: dict[str, str]
+    started_at_utc: NotRequired[Any]
+    first_call_at_utc: NotRequired[Any]
+    last_call_at_utc: NotRequired[Any]
+    keyed: bool
+    limits: dict[str, Any]
+    #: The sandbox's rules, which the fairness check compares: mode, network, image, allowlist, user.
+    sandbox: dict[str, Any]
+    sandbox_fallback: str | None
+    tokenizer: list[str]
+    used: Used
+    refused_calls: int
+    connections: Connections
+    in_flight: int
+    ended_by: str | None
+    statuses: dict[str, int]
+    grading_commands: int
+    records: int
+    head: Any
+    log_head: NotRequired[str | None]
+    #: `verify`'s verdict, its reasons, and (report) against the head the harness kept.
+    integrity: dict[str, Any]
+    #: What is left of each budget when read (`now`: status, not report).
+    left: NotRequired[dict[str, Any]]
+    #: The benchmark's score (report and export given --scores).
+    score: NotRequired[float]
+    #: Report's page: the calls it embeds; and the trial's group of rules, and how they differ from the majority's.
+    calls: NotRequired[list[dict[str, Any]]]
+    fairness: NotRequired[dict[str, Any]]
+
 
 #: Which budget a refusal status speaks of.
 
@@ -87,7 +140,7 @@ def _in_progress(state: TrialState | None, taken: snapshot.Snapshot) -> bool:
     return any(liveness.alive(entry.pid, entry.pid_token) for entry in state.in_flight.values())
 
 
-def summarize(state_path: str, log_path: str, key: bytes | None = None, *, now: bool = False) -> dict[str, Any]:
+def summarize(state_path: str, log_path: str, key: bytes | None = None, *, now: bool = False) -> Summary:
     """The summary of the trial at `state_path` and `log_path`; never raises for what it finds in them.
 
     StateError when there is no trial there at all. `now`: with `left` (summarize_snapshot).
@@ -107,7 +160,7 @@ def summarize(state_path: str, log_path: str, key: bytes | None = None, *, now: 
 
 def summarize_snapshot(
     taken: snapshot.Snapshot, state_path: str, log_path: str, key: bytes | None, *, now: bool = False
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[Summary, list[dict[str, Any]]]:
     """(the summary, the log's records) of a trial read at one moment.
 
     `now` adds `left`, what is left of each budget at this moment: it changes as trial
@@ -158,7 +211,7 @@ def summarize_snapshot(
         # not: the state's clock stops between calls, so a trial's time runs out only when it is asked.)
         ended_by = budget.spent(caps[0] - calls, caps[1] - tokens, math.inf)
     log_head = mapping(raw.get("log"))
-    summary = {
+    summary: Summary = {
         "state": state_path,
         "log": log_path,
         "trial_id": raw.get("trial_id") if isinstance(raw.get("trial_id"), str) else None,
@@ -216,7 +269,7 @@ def _image(sandbox: dict[str, Any]) -> dict[str, Any]:
     return {"image_id": sandbox.get("image_id"), "image": sandbox.get("image")}
 
 
-def unreadable(state_path: str, log_path: str, why: str) -> dict[str, Any]:
+def unreadable(state_path: str, log_path: str, why: str) -> Summary:
     """The summary of a trial whose files cannot be read at all."""
     return {
         "state": state_path,
@@ -260,7 +313,7 @@ def _left(state: TrialState | None, limits: dict[str, Any], calls: int, tokens: 
     }
 
 
-def fairness_key(summary: dict[str, Any]) -> str:
+def fairness_key(summary: Summary) -> str:
     """What must be the same in every trial of a benchmark: pinned limits, sandbox, tokenizer."""
     return json.dumps(
         {"limits": summary["limits"], "sandbox": summary["sandbox"], "tokenizer": summary["tokenizer"]},
@@ -268,4 +321,13 @@ def fairness_key(summary: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["fairness_key", "records_of", "summarize", "summarize_snapshot", "unreadable"]
+__all__ = [
+    "Connections",
+    "Summary",
+    "Used",
+    "fairness_key",
+    "records_of",
+    "summarize",
+    "summarize_snapshot",
+    "unreadable",
+]
