@@ -21,7 +21,7 @@ MAX_VALUE = 1024
 MAX_LABELS = 64
 
 
-def parse(given: Any) -> dict[str, str]:
+def parse(given: object) -> dict[str, str]:
     """Labels from `KEY=VALUE` texts or a mapping, checked; UsageError naming what is wrong."""
     if isinstance(given, dict):
         pairs = list(given.items())

@@ -186,7 +186,7 @@ def network_counts(record: Mapping[str, Any]) -> tuple[int, int]:
     return whole(network.get("allowed_count")), whole(network.get("denied_count"))
 
 
-def whole(value: Any) -> int:
+def whole(value: object) -> int:
     """A record's count, or 0 where it holds anything but a whole number (verify must not raise)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 

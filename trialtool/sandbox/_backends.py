@@ -87,7 +87,7 @@ def check_pinned(pinned: Sandbox, given: Mapping[str, Any]) -> None:
         settings.check_pinned(pinned, checked(given))
 
 
-def from_state(data: Any) -> Sandbox:
+def from_state(data: object) -> Sandbox:
     """The pinned sandbox as stored in a state file; ValueError if it is malformed."""
     if data is None:
         return UNSANDBOXED

@@ -166,7 +166,7 @@ def checked(settings: Mapping[str, Any]) -> dict[str, Any]:
     return {"allow": canonical(settings["allow"]), "network": "allow"}
 
 
-def stored(value: Any) -> bool:
+def stored(value: object) -> bool:
     """Whether a state's stored allowlist is one a trial pins: canonical."""
     try:
         return isinstance(value, list) and tuple(value) == canonical(value)

@@ -116,7 +116,7 @@ def default_run_as() -> str:
     return RUN_AS["user"] if os.geteuid() == 0 else f"{os.geteuid()}:{os.getegid()}"
 
 
-def run_as(value: Any) -> str:
+def run_as(value: object) -> str:
     """`--run-as` root, user or UID:GID as "UID:GID"; UsageError otherwise."""
     if isinstance(value, str) and value in RUN_AS:
         return RUN_AS[value]
@@ -224,7 +224,7 @@ def check_pinned(pinned: Sandbox, settings: Mapping[str, Any]) -> None:
             _mismatch("writable", list(writable), list(pinned.writable))
 
 
-def _mismatch(name: str, wanted: Any, pinned: Any) -> None:
+def _mismatch(name: str, wanted: object, pinned: object) -> None:
     wanted, pinned = (" ".join(v) if isinstance(v, tuple) else v for v in (wanted, pinned))
     msg = f"{FLAG_OF[name]} {plain(wanted)} differs from the value {plain(pinned)} pinned when this trial was created"
     raise LimitMismatch(msg)
@@ -272,14 +272,14 @@ _OPTIONAL_FIELDS = ("image", "image_id", "run_as")
 _LATER_FIELDS = ("fallback", "home", "home_path", *_OPTIONAL_FIELDS)
 
 
-def _ids(value: Any) -> bool:
+def _ids(value: object) -> bool:
     try:
         return isinstance(value, str) and run_as(value) == value
     except UsageError:
         return False
 
 
-def _typed(row: tuple[Any, ...], first: type, rest: type) -> bool:
+def _typed(row: tuple[object, ...], first: type, rest: type) -> bool:
     return isinstance(row[0], first) and all(isinstance(v, rest) and not isinstance(v, bool) for v in row[1:])
 
 

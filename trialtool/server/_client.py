@@ -31,7 +31,7 @@ from ._wire import SERVER_ENV, Frames, frame, reach, server_environment, socket_
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from contextlib import AbstractContextManager
     from typing import Any
 
@@ -46,12 +46,12 @@ if TYPE_CHECKING:
 PATH_FLAGS = ("state", "log", "key_file", "o200k_file", "cwd", "workspace")
 
 
-def wanted(environ: Any = os.environ) -> bool:
+def wanted(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether calls go through the per-user server (Linux; not when TRIALTOOL_SERVER=off)."""
     return sys.platform.startswith("linux") and bool(environ.get(SERVER_ENV, "on") != "off")
 
 
-def _connect(path: str) -> Any:
+def _connect(path: str) -> _socket.socket | None:
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         reach(sock, path)
@@ -61,7 +61,7 @@ def _connect(path: str) -> Any:
     return sock
 
 
-def connect(path: str) -> Any:
+def connect(path: str) -> _socket.socket | None:
     """A connection to the server at `path`; or None once this process has started one.
 
     Starting takes `start.lock` beside the socket, and the new server holds that
@@ -270,7 +270,7 @@ def call(args: Arguments, command: list[str], stdin: bytes | None, open_trial: O
     return None  # twice gone before taking the call: it runs here
 
 
-def _peer_pid(sock: Any) -> int:
+def _peer_pid(sock: _socket.socket) -> int:
     """The server's pid, as the kernel says (SO_PEERCRED: pid, uid, gid)."""
     raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
     return int.from_bytes(raw[:4], sys.byteorder)

@@ -28,6 +28,7 @@ from ._directory import directory
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import _socket
     from collections.abc import Mapping
     from typing import Any, TypedDict
 
@@ -84,7 +85,7 @@ SERVER_KEEPS = (
 )
 
 
-def server_environment(environ: Any = os.environ) -> dict[str, str]:
+def server_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The environment a server started by a caller with `environ` runs in (SERVER_KEEPS)."""
     return {name: environ[name] for name in SERVER_KEEPS if name in environ}
 
@@ -110,7 +111,7 @@ def checked_directory(path: str) -> str:
     return path
 
 
-def identity(environ: Any = os.environ) -> str:
+def identity(environ: Mapping[str, str] = os.environ) -> str:
     """What names one server: the version, this installation, this process's world, and settings fixed at its start.
 
     The interpreter is named by its resolved path and prefix, so that `python` and
@@ -130,7 +131,7 @@ def identity(environ: Any = os.environ) -> str:
     return f"{__version__}-{zlib.crc32(settings.encode()):08x}"
 
 
-def socket_path(environ: Any = os.environ) -> str:
+def socket_path(environ: Mapping[str, str] = os.environ) -> str:
     return os.path.join(checked_directory(directory(environ)), f"server-{identity(environ)}.sock")
 
 
@@ -138,7 +139,7 @@ def socket_path(environ: Any = os.environ) -> str:
 MAX_SOCKET_PATH = 107
 
 
-def reach(sock: Any, path: str, bind: bool = False) -> None:
+def reach(sock: _socket.socket, path: str, bind: bool = False) -> None:
     """`sock.connect(path)` (or `bind`), for a socket path of any length.
 
     A path longer than sun_path (a deep TMPDIR, say) is reached through the
@@ -190,7 +191,7 @@ def call_frame(message: dict[str, Any]) -> CallFrame:
 class Frames:
     """Messages read off a connection as they arrive."""
 
-    def __init__(self, sock: Any) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.buffer = bytearray()
 

@@ -108,7 +108,7 @@ LATER_FIELDS = ("max_stdin_bytes",)
 FLAG_OF = {name: "--" + name.replace("_", "-") for name in Limits._fields}
 
 
-def _check_number(name: str, raw: Any) -> int | float:
+def _check_number(name: str, raw: object) -> int | float:
     value: int | float
     if isinstance(raw, bool) or not isinstance(raw, (int, float)):
         msg = f"{FLAG_OF[name]} must be a number, not {plain(raw)}"
@@ -157,7 +157,7 @@ def from_overrides(overrides: dict[str, Any]) -> Limits:
     return validate(Limits()._replace(**overrides))
 
 
-def from_state(data: Any) -> Limits:
+def from_state(data: object) -> Limits:
     """The pinned limits as stored in a state file (every field required but those of LATER_FIELDS)."""
     if not isinstance(data, dict) or not set(Limits._fields) - set(LATER_FIELDS) <= set(data) <= set(Limits._fields):
         msg = "pinned limits are missing or have unknown fields"

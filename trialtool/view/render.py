@@ -12,6 +12,7 @@ from ..types import Limits
 from .calls import command_text, instant
 
 if TYPE_CHECKING:
+    from .report import Report
     from .summary import Summary
 
 #: Every pinned limit, in the order of `Limits`.
@@ -279,7 +280,7 @@ def overview_lines(overview: dict[str, Any]) -> list[str]:
     return [visible(line) for line in lines]
 
 
-def report_table(report: Any, out: IO[str], base: str | None) -> None:
+def report_table(report: Report, out: IO[str], base: str | None) -> None:
     out.write("\n".join(overview_lines(report.overview)) + "\n\n")
     # The denials column where any trial had an allowlist: the other network modes make no attempt to count.
     denials = bool((report.overview.get("connections") or {}).get("trials"))
@@ -310,7 +311,7 @@ def report_table(report: Any, out: IO[str], base: str | None) -> None:
         out.write(_table(header, batch, width) + "\n")
 
 
-def report_markdown(report: Any, out: IO[str], base: str | None) -> None:
+def report_markdown(report: Report, out: IO[str], base: str | None) -> None:
     out.write("# Trials\n\n" + "\n".join(f"- {line.strip()}" for line in overview_lines(report.overview)) + "\n\n")
     out.write("| " + " | ".join(TRIAL_COLUMNS) + " |\n|" + " --- |" * len(TRIAL_COLUMNS) + "\n")
     for summary in report.trials():
@@ -319,14 +320,14 @@ def report_markdown(report: Any, out: IO[str], base: str | None) -> None:
         out.write("| " + " | ".join(cells) + " |\n")
 
 
-def report_csv(report: Any, out: IO[str], base: str | None) -> None:
+def report_csv(report: Report, out: IO[str], base: str | None) -> None:
     writer = csv.DictWriter(out, fieldnames=TRIAL_COLUMNS)
     writer.writeheader()
     for summary in report.trials():
         writer.writerow({name: spreadsheet_safe(value) for name, value in trial_row(summary, base).items()})
 
 
-def report_json(report: Any, out: IO[str], base: str | None) -> None:
+def report_json(report: Report, out: IO[str], base: str | None) -> None:
     """One JSON document: {"overview": ..., "trials": [summary, ...]}, written as it is read."""
     del base
     out.write('{"overview": ' + json.dumps(report.overview) + ', "trials": [')

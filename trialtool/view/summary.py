@@ -254,7 +254,7 @@ def summarize_snapshot(
     return summary, records
 
 
-def _labels(value: Any) -> dict[str, str]:
+def _labels(value: object) -> dict[str, str]:
     found = mapping(value)
     return {str(key): str(found[key]) for key in sorted(found)}
 
