@@ -195,7 +195,7 @@ _STOPPED = frozenset(
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 
-def _submits(command: Any) -> bool:
+def _submits(command: object) -> bool:
     """Whether `command` is mini's submission: it begins by printing mini's submission line.
 
     What follows that `echo` (mini's prompts add `git diff` to show the work) runs too. Once

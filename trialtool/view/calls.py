@@ -150,7 +150,7 @@ def row(record: dict[str, Any]) -> dict[str, Any]:
     return {column: out[column] for column in COLUMNS}
 
 
-def instant(text: Any) -> Any:
+def instant(text: object) -> Any:
     """An ISO 8601 UTC time as a datetime (None where a record holds something else)."""
     from datetime import datetime
 
@@ -162,12 +162,12 @@ def instant(text: Any) -> Any:
         return None
 
 
-def mapping(value: Any) -> dict[str, Any]:
+def mapping(value: object) -> dict[str, Any]:
     """`value` when it is a JSON object, else an empty one (records and states may hold anything)."""
     return value if isinstance(value, dict) else {}
 
 
-def typed(kind: str, value: Any) -> Any:
+def typed(kind: str, value: object) -> Any:
     """`value` as a column of `kind` holds it: None where it is missing or of another type."""
     if value is None:
         return None

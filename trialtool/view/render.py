@@ -70,7 +70,7 @@ def visible(value: object, *, block: bool = False) -> str:
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
-def spreadsheet_safe(value: Any) -> Any:
+def spreadsheet_safe(value: object) -> object:
     """A CSV cell a spreadsheet shows as text: one starting like a formula gets a leading apostrophe."""
     if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
         return "'" + value
