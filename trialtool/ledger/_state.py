@@ -276,7 +276,7 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
             raise TypeError
     except (TypeError, ValueError) as exc:
         raise bad("a call in flight is malformed") from exc
-    log: Any = data.get("log")
+    log: Any = data.get("log")  # its shape is checked by use: a TypeError is "malformed"
     try:
         head = audit.LogHead(int(log["records"]), int(log["bytes"]), str(log["head"]), int(log["last_offset"]))
     except (TypeError, KeyError, ValueError) as exc:

@@ -14,6 +14,7 @@ import binascii
 import hashlib
 import json
 import shlex
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..ledger import GRADING_ALLOWANCE
@@ -101,7 +102,7 @@ _AFTER = {
 _NETWORK = {"connections_allowed": "allowed_count", "connections_denied": "denied_count"}
 
 
-def command_text(record: dict[str, Any]) -> str:
+def command_text(record: Mapping[str, object]) -> str:
     """The command as a shell would be given it."""
     command = record.get("command")
     if isinstance(command, list):
@@ -117,7 +118,7 @@ _PLAIN = tuple(
 )
 
 
-def row(record: dict[str, Any]) -> dict[str, Any]:
+def row(record: Mapping[str, object]) -> dict[str, Any]:
     """One record as a flat row of COLUMNS (absent fields None; values of the wrong type None).
 
     `typed`'s rule, inlined for the plain columns: an export converts every record, and
@@ -206,7 +207,7 @@ class Replayer:
             self._encoder = tokens.verified(tokens.locate(self._rank_file)).encoder()
         return self._encoder
 
-    def delivered(self, record: dict[str, Any]) -> Delivered:
+    def delivered(self, record: Mapping[str, object]) -> Delivered:
         wanted = (record.get("delivered_stdout_sha256"), record.get("delivered_stderr_sha256"))
         if not all(isinstance(w, str) for w in wanted):
             return Delivered("", "", None)  # a refusal or an abandoned call: nothing was delivered

@@ -102,7 +102,7 @@ def _rows(job: tuple[str, str, bool]) -> list[dict[str, Any]]:
     except TrialToolError:
         return []
     try:
-        state: Any = json.loads(taken.state or b"{}")
+        state: object = json.loads(taken.state or b"{}")
     except ValueError:
         state = {}
     state = state if isinstance(state, dict) else {}

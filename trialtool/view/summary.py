@@ -72,10 +72,7 @@ class Summary(TypedDict):
     fairness: NotRequired[dict[str, Any]]
 
 
-#: Which budget a refusal status speaks of.
-
-
-def records_of(log: bytes) -> list[dict[str, Any]]:
+def records_of(log: bytes) -> list[dict[str, object]]:
     """The log's whole lines that parse as JSON objects (a torn or bad line ends the list).
 
     Each has `record`, its line number: the key unique to it, which a log written
@@ -96,12 +93,12 @@ def records_of(log: bytes) -> list[dict[str, Any]]:
     return found
 
 
-def _state(taken: snapshot.Snapshot, state_path: str, key: bytes | None) -> tuple[TrialState | None, dict[str, Any]]:
+def _state(taken: snapshot.Snapshot, state_path: str, key: bytes | None) -> tuple[TrialState | None, dict[str, object]]:
     """The decoded state (None when it cannot be), and its raw document for what can still be shown."""
     if taken.state is None:
         return None, {}
     try:
-        raw: Any = json.loads(taken.state)
+        raw: object = json.loads(taken.state)
     except ValueError:
         raw = {}
     if not isinstance(raw, dict):
@@ -214,7 +211,7 @@ def summarize_snapshot(
     summary: Summary = {
         "state": state_path,
         "log": log_path,
-        "trial_id": raw.get("trial_id") if isinstance(raw.get("trial_id"), str) else None,
+        "trial_id": trial_id if isinstance(trial_id := raw.get("trial_id"), str) else None,
         # Who the trial is: the state's labels, else its log's first record's (a state lost).
         "labels": _labels(raw.get("labels", start.get("labels"))),
         "started_at_utc": raw.get("started_at_utc"),

@@ -26,7 +26,7 @@ import glob
 import json
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ..errors import UsageError
 
@@ -134,7 +134,7 @@ def _read_state(path: str) -> _State | None:
     """The state at `path`, or None for any other file."""
     try:
         with open(path, "rb") as handle:
-            document: Any = json.loads(handle.read())
+            document: object = json.loads(handle.read())
     except (OSError, ValueError):
         return None
     if not isinstance(document, dict) or document.get("schema") != "trialtool.state":
