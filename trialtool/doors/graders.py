@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any
 
@@ -136,7 +136,7 @@ def show(args: Arguments, key: bytes | None) -> int:
     return EXIT_NOT_INTACT if integrity["verdict"] == "failed" else 0
 
 
-def _said_of(record: dict[str, Any], integrity: dict[str, Any]) -> dict[str, Any]:
+def _said_of(record: Mapping[str, object], integrity: dict[str, Any]) -> dict[str, Any]:
     """The trial's verdict as `show` puts it beside one record: `this_record` when it is the one named."""
     said = dict(integrity)
     said["this_record"] = record.get("record") == integrity.get("first_bad_record")

@@ -178,7 +178,7 @@ class Totals(NamedTuple):
         return document
 
 
-def network_counts(record: Mapping[str, Any]) -> tuple[int, int]:
+def network_counts(record: Mapping[str, object]) -> tuple[int, int]:
     """(connections allowed, connections denied) that a call's record counts."""
     network = record.get("network")
     if not isinstance(network, dict):
@@ -191,7 +191,7 @@ def whole(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def apply(totals: Totals, record: dict[str, Any]) -> Totals | None:
+def apply(totals: Totals, record: Mapping[str, object]) -> Totals | None:
     """The totals after `record`; None for a record of no kind the ledger writes."""
     if record.get("record_type") in (REPAIR, START, GRADING):
         return totals

@@ -15,6 +15,8 @@ from ._capture import EMPTY_SHA256
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ..types import Limits
 
 
@@ -61,7 +63,7 @@ def encode(spec: Spec) -> bytes:
     return json.dumps(fields).encode() + b"\n" + (stdin or b"")
 
 
-def input_size(fields: dict[str, Any]) -> int:
+def input_size(fields: Mapping[str, object]) -> int:
     """How many bytes of input follow the orders' line."""
     size = fields.get("stdin_bytes")
     return size if isinstance(size, int) and size > 0 else 0

@@ -132,7 +132,7 @@ def _statuses(statuses: dict[str, int]) -> str:
     return ", ".join(f"{name} {count}" for name, count in sorted(statuses.items(), key=lambda item: -item[1]))
 
 
-def calls_table(records: list[dict[str, Any]], started_at: str | None, width: int | None = None) -> str:
+def calls_table(records: list[dict[str, object]], started_at: str | None, width: int | None = None) -> str:
     """`trial-tool show`: one line a record."""
     width = width or shutil.get_terminal_size((120, 24)).columns
     origin = instant(started_at) if started_at else None

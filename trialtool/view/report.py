@@ -20,7 +20,7 @@ import tempfile
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from ..errors import UsageError
@@ -104,7 +104,7 @@ def _work(job: tuple[str, str, bytes | None, bool]) -> Summary:
 _REPLAYER: Replayer | None = None
 
 
-def _call_entry(record: dict[str, Any]) -> dict[str, Any]:
+def _call_entry(record: Mapping[str, object]) -> dict[str, Any]:
     """One call as the HTML report shows it: timing, outcome, tokens, and the start of what was delivered."""
     global _REPLAYER
     if _REPLAYER is None:
