@@ -54,7 +54,7 @@ class _BadRequest(Exception):
         self.message = message
 
 
-def error_object(exc: BaseException) -> dict[str, Any]:
+def error_object(exc: BaseException) -> dict[str, object]:
     """The JSON-RPC error member for `exc`."""
     if isinstance(exc, _BadRequest):
         return {"code": exc.code, "message": exc.message}

@@ -39,7 +39,7 @@ def boot_clock() -> float:
     return time.clock_gettime(clock_id)
 
 
-def anchor() -> dict[str, Any]:
+def anchor() -> dict[str, object]:
     """What the state records at a trial's start so later processes can measure from it."""
     return {"boot_id": boot_id(), "boot_clock": boot_clock()}
 

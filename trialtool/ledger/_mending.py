@@ -21,13 +21,12 @@ from . import _records as records
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
     from ._state import TrialState
     from ._store import Store
 
 
-def roll_forward(state: TrialState, line: bytes, chain: audit.Chain, log_path: str) -> dict[str, Any]:
+def roll_forward(state: TrialState, line: bytes, chain: audit.Chain, log_path: str) -> dict[str, object]:
     """Apply to `state` the one record appended before a crash kept the state from being replaced."""
     head = state.log
     try:

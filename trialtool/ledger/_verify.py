@@ -65,7 +65,7 @@ class Report(NamedTuple):
     #: The line of the record the state does not count yet (unconfirmed), if there is one.
     pending: int | None = None
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         first = next((p for p in self.problems), None)
         return {
             "verdict": self.verdict,

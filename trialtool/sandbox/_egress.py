@@ -154,7 +154,7 @@ def canonical(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(texts)
 
 
-def checked(settings: Mapping[str, Any]) -> dict[str, Any]:
+def checked(settings: Mapping[str, Any]) -> dict[str, object]:
     """`network` and `allow` of a trial's settings, checked; `--allow` alone means `--network allow`."""
     network = settings.get("network")
     if network is not None and network not in NETWORKS:

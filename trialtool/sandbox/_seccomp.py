@@ -121,14 +121,14 @@ def program() -> bytes:
     return bytes(out)
 
 
-def profile() -> dict[str, Any]:
+def profile() -> dict[str, object]:
     """The same rules as a docker seccomp profile (JSON), with what docker's default one would also deny."""
     _, arch, column = _arch()
 
-    def rule(names: list[str], action: int, *args: dict[str, Any]) -> dict[str, Any]:
+    def rule(names: list[str], action: int, *args: dict[str, Any]) -> dict[str, object]:
         return {"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": action, "args": list(args)}
 
-    def masked(index: int, mask: int, value: int) -> dict[str, Any]:
+    def masked(index: int, mask: int, value: int) -> dict[str, object]:
         return {"index": index, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"}
 
     rules = []

@@ -224,7 +224,7 @@ class UserServer:
         # Only now: a descriptor closed while the call's wait still watches it would never wake it.
         interrupt.close()
 
-    def _control(self, action: str) -> dict[str, Any]:
+    def _control(self, action: str) -> dict[str, object]:
         """`trial-tool server status|stop`: what this server is; or stop taking calls (those running finish)."""
         from .._version import __version__
 
@@ -243,14 +243,14 @@ class UserServer:
                 self.listener.shutdown(socket.SHUT_RDWR)
         return status
 
-    def _call_frame(self, message: dict[str, Any], interrupt: RemoteInterrupt) -> dict[str, Any]:
+    def _call_frame(self, message: dict[str, Any], interrupt: RemoteInterrupt) -> dict[str, object]:
         try:
             request = call_frame(message)
         except TrialToolError as exc:
             return {"exit": exc.exit_code, "error": exc.message, "error_json": exc.as_json()}
         return self._call(request, interrupt)
 
-    def _call(self, request: CallFrame, interrupt: RemoteInterrupt) -> dict[str, Any]:
+    def _call(self, request: CallFrame, interrupt: RemoteInterrupt) -> dict[str, object]:
         try:
             args = Arguments("run", dict(request["flags"]))
             trial = self._trial(args, request)

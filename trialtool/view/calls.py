@@ -118,7 +118,7 @@ _PLAIN = tuple(
 )
 
 
-def row(record: Mapping[str, object]) -> dict[str, Any]:
+def row(record: Mapping[str, object]) -> dict[str, object]:
     """One record as a flat row of COLUMNS (absent fields None; values of the wrong type None).
 
     `typed`'s rule, inlined for the plain columns: an export converts every record, and
@@ -163,7 +163,7 @@ def instant(text: object) -> Any:
         return None
 
 
-def mapping(value: object) -> dict[str, Any]:
+def mapping(value: object) -> dict[str, object]:
     """`value` when it is a JSON object, else an empty one (records and states may hold anything)."""
     return value if isinstance(value, dict) else {}
 

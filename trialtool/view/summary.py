@@ -109,7 +109,7 @@ def _state(taken: snapshot.Snapshot, state_path: str, key: bytes | None) -> tupl
         return None, raw
 
 
-def _integrity(report: verify.Report, in_progress: bool) -> dict[str, Any]:
+def _integrity(report: verify.Report, in_progress: bool) -> dict[str, object]:
     """The trial's verdict (ledger/_verify.py's, one word for every graders' command), why, and where."""
     if in_progress and report.verdict in ("failed", "unconfirmed"):
         # The files changed while they were read, or a call's owner is recording it now.
@@ -226,7 +226,7 @@ def summarize_snapshot(
             **({"run_as": sandbox["run_as"]} if isinstance(sandbox.get("run_as"), str) else {}),
         },
         # Outside "sandbox", which the fairness check compares: the same rules, whatever the wording of why.
-        "sandbox_fallback": sandbox.get("fallback") if isinstance(sandbox.get("fallback"), str) else None,
+        "sandbox_fallback": fallback if isinstance(fallback := sandbox.get("fallback"), str) else None,
         "tokenizer": sorted(tokenizers) or ["o200k_base"],
         "used": {"calls": calls, "tokens": tokens, "seconds": round(float(seconds), 3)},
         "refused_calls": whole(raw.get("refused_calls")),
@@ -256,7 +256,7 @@ def _labels(value: object) -> dict[str, str]:
     return {str(key): str(found[key]) for key in sorted(found)}
 
 
-def _image(sandbox: dict[str, Any]) -> dict[str, Any]:
+def _image(sandbox: dict[str, Any]) -> dict[str, object]:
     """A container trial's image (by its id, which the fairness check compares, and as it was named);
     a trial's egress allowlist."""
     if sandbox.get("network") == "allow":
@@ -291,7 +291,9 @@ def unreadable(state_path: str, log_path: str, why: str) -> Summary:
     }
 
 
-def _left(state: TrialState | None, limits: dict[str, Any], calls: int, tokens: int, seconds: float) -> dict[str, Any]:
+def _left(
+    state: TrialState | None, limits: dict[str, Any], calls: int, tokens: int, seconds: float
+) -> dict[str, object]:
     """What is left of each budget at the moment of reading (trial time runs between calls too)."""
     if state is not None:
         now = budget.of(state)

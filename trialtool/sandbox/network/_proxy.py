@@ -83,7 +83,7 @@ class Proxy:
         self.thread = threading.Thread(target=self._accept, name="trialtool-proxy", daemon=True)
         self.thread.start()
 
-    def finish(self, linger: float = 2.0) -> dict[str, Any]:
+    def finish(self, linger: float = 2.0) -> dict[str, object]:
         """Stop accepting, end every open connection, and say what the call's network did."""
         os.write(self.wake_w, b"x")
         self.thread.join(linger)
