@@ -49,7 +49,7 @@ def trial_of(
     *,
     origin: str | None = None,
     fork_server: ForkServer | None = None,
-    settings: dict[str, Any] | None = None,
+    settings: dict[str, object] | None = None,
 ) -> Trial:
     """The Trial the flags name (`settings`: trial_settings's, when the caller has them already)."""
     from ..trial import Trial

@@ -248,7 +248,7 @@ class Arguments:
     o200k_file: str | None
     in_process: bool
 
-    def __init__(self, command: str, values: dict[str, Any]) -> None:
+    def __init__(self, command: str, values: dict[str, object]) -> None:
         self.command = command
         self.__dict__.update(values)
 

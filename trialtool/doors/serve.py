@@ -63,7 +63,7 @@ def error_object(exc: BaseException) -> dict[str, object]:
     return {"code": INTERNAL_ERROR, "message": f"{type(exc).__name__}: {exc}"}
 
 
-def call_request(params: dict[str, Any]) -> CallRequest:
+def call_request(params: dict[str, object]) -> CallRequest:
     """The call a `run` request's params ask for, checked (the JSON types here, the values by CallRequest)."""
     unknown = set(params) - _RUN_PARAMS
     if unknown:
@@ -86,7 +86,7 @@ def call_request(params: dict[str, Any]) -> CallRequest:
     return CallRequest.of(command, cwd=cwd, env=env, timeout=timeout, input=_input(params), merge_output=merge_output)
 
 
-def _input(params: dict[str, Any]) -> bytes | str | None:
+def _input(params: dict[str, object]) -> bytes | str | None:
     """The command's stdin: `input` (text, sent as UTF-8) or `input_b64` (any bytes), not both."""
     text, encoded = params.get("input"), params.get("input_b64")
     if text is not None and encoded is not None:
@@ -127,7 +127,7 @@ class JsonLinesServer:
 
     # -- output ----------------------------------------------------------------
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _send(self, message: dict[str, object]) -> None:
         line = json.dumps({"jsonrpc": "2.0", **message}, ensure_ascii=False).encode() + b"\n"
         with self._write_lock:
             if self._client_gone:
@@ -168,7 +168,7 @@ class JsonLinesServer:
             return None
         return ident, method, params
 
-    def _execute(self, ident: Any, method: str, params: dict[str, Any]) -> None:
+    def _execute(self, ident: Any, method: str, params: dict[str, object]) -> None:
         try:
             if method == "run":
                 result = self.trial.call(call_request(params), interrupt=self._stop)

@@ -56,7 +56,7 @@ def parse(given: object) -> dict[str, str]:
     return dict(sorted(labels.items()))
 
 
-def split(overrides: dict[str, Any]) -> tuple[dict[str, str] | None, dict[str, Any]]:
+def split(overrides: dict[str, object]) -> tuple[dict[str, str] | None, dict[str, Any]]:
     """(the labels given, checked, or None; the other overrides)."""
     if NAME not in overrides:
         return None, overrides

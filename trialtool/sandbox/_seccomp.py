@@ -24,7 +24,6 @@ from __future__ import annotations
 import errno
 import platform
 import struct
-from typing import Any
 
 #: The bits that grant privileges: S_ISUID | S_ISGID.
 PRIVILEGED_BITS = 0o6000
@@ -125,7 +124,7 @@ def profile() -> dict[str, object]:
     """The same rules as a docker seccomp profile (JSON), with what docker's default one would also deny."""
     _, arch, column = _arch()
 
-    def rule(names: list[str], action: int, *args: dict[str, Any]) -> dict[str, object]:
+    def rule(names: list[str], action: int, *args: dict[str, object]) -> dict[str, object]:
         return {"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": action, "args": list(args)}
 
     def masked(index: int, mask: int, value: int) -> dict[str, object]:

@@ -39,7 +39,7 @@ import struct
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..doors.fromflags import request_of, trial_of, trial_settings
 from ..doors.options import Arguments
@@ -243,7 +243,7 @@ class UserServer:
                 self.listener.shutdown(socket.SHUT_RDWR)
         return status
 
-    def _call_frame(self, message: dict[str, Any], interrupt: RemoteInterrupt) -> dict[str, object]:
+    def _call_frame(self, message: dict[str, object], interrupt: RemoteInterrupt) -> dict[str, object]:
         try:
             request = call_frame(message)
         except TrialToolError as exc:

@@ -179,7 +179,7 @@ _CALL_FIELDS: dict[str, tuple[type | None, ...]] = {
 }
 
 
-def call_frame(message: dict[str, Any]) -> CallFrame:
+def call_frame(message: dict[str, object]) -> CallFrame:
     """`message` as a call's frame; TrialToolError naming what is wrong when it is not one."""
     for name, kinds in _CALL_FIELDS.items():
         value = message.get(name)

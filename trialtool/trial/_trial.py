@@ -66,7 +66,7 @@ class Trial:
         state_path: str | os.PathLike[str],
         log_path: str | os.PathLike[str],
         *,
-        limits: dict[str, Any] | None = None,
+        limits: dict[str, object] | None = None,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         rank_file: str | os.PathLike[str] | None = None,
         key: bytes | None = None,

@@ -40,7 +40,7 @@ SCHEMA = (
 KINDS = ("allowed", "denied")
 
 
-def lines(network: dict[str, Any]) -> list[str]:
+def lines(network: dict[str, object]) -> list[str]:
     """A call's connections, one line each, as `show --call` lists them (what the command named, made visible)."""
     allowed, denied = _listed(network, "allowed"), _listed(network, "denied")
     counts = (network.get("allowed_count", len(allowed)), network.get("denied_count", len(denied)))
@@ -61,7 +61,7 @@ def lines(network: dict[str, Any]) -> list[str]:
     return [visible(line) for line in found]
 
 
-def _listed(network: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+def _listed(network: dict[str, object], kind: str) -> list[dict[str, Any]]:
     entries = network.get(kind)
     return [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
 
