@@ -91,7 +91,8 @@ def show(args: Arguments, key: bytes | None) -> int:
 
             print(json.dumps({"summary": summary, "calls": [row(record) for record in calls]}, indent=2))
         else:
-            print(render.calls_table(calls, summary.get("started_at_utc")))
+            started = summary.get("started_at_utc")
+            print(render.calls_table(calls, started if isinstance(started, str) else None))
         return EXIT_NOT_INTACT if summary["integrity"]["verdict"] == "failed" else 0
     if args.record is not None:
         chosen = [record for record in records if record.get("record") == args.record]
@@ -101,7 +102,7 @@ def show(args: Arguments, key: bytes | None) -> int:
         # A refusal has the number of the call it would have been: several records may share one.
         chosen = [record for record in records if record.get("sequence") == args.call]
     if not chosen:
-        numbers = sorted({r["sequence"] for r in records if isinstance(r.get("sequence"), int)})
+        numbers = sorted({number for r in records if isinstance(number := r.get("sequence"), int)})
         known = f"calls {numbers[0]}..{numbers[-1]}" if numbers else "no calls"
         raise UsageError(f"no call {args.call} in this trial (it has {known})")
     replayer = Replayer(getattr(args, "o200k_file", None))

@@ -42,9 +42,9 @@ class Summary(TypedDict):
     log: str
     trial_id: str | None
     labels: dict[str, str]
-    started_at_utc: NotRequired[Any]
-    first_call_at_utc: NotRequired[Any]
-    last_call_at_utc: NotRequired[Any]
+    started_at_utc: NotRequired[object]
+    first_call_at_utc: NotRequired[object]
+    last_call_at_utc: NotRequired[object]
     keyed: bool
     limits: dict[str, Any]
     #: The sandbox's rules, which the fairness check compares: mode, network, image, allowlist, user.
@@ -59,7 +59,7 @@ class Summary(TypedDict):
     statuses: dict[str, int]
     grading_commands: int
     records: int
-    head: Any
+    head: object
     log_head: NotRequired[str | None]
     #: `verify`'s verdict, its reasons, and (report) against the head the harness kept.
     integrity: dict[str, Any]
@@ -157,7 +157,7 @@ def summarize(state_path: str, log_path: str, key: bytes | None = None, *, now: 
 
 def summarize_snapshot(
     taken: snapshot.Snapshot, state_path: str, log_path: str, key: bytes | None, *, now: bool = False
-) -> tuple[Summary, list[dict[str, Any]]]:
+) -> tuple[Summary, list[dict[str, object]]]:
     """(the summary, the log's records) of a trial read at one moment.
 
     `now` adds `left`, what is left of each budget at this moment: it changes as trial
@@ -172,7 +172,7 @@ def summarize_snapshot(
     ended_by = None
     tokenizers = set()
     first_at = last_at = None
-    start: dict[str, Any] = {}
+    start: dict[str, object] = {}
     grading = 0
     for record in records:
         if record.get("record_type") == START:
@@ -256,11 +256,12 @@ def _labels(value: object) -> dict[str, str]:
     return {str(key): str(found[key]) for key in sorted(found)}
 
 
-def _image(sandbox: dict[str, Any]) -> dict[str, object]:
+def _image(sandbox: dict[str, object]) -> dict[str, object]:
     """A container trial's image (by its id, which the fairness check compares, and as it was named);
     a trial's egress allowlist."""
     if sandbox.get("network") == "allow":
-        return {"allow": list(sandbox.get("allow") or [])}
+        allow = sandbox.get("allow")
+        return {"allow": list(allow) if isinstance(allow, list) else []}
     if sandbox.get("image_id") is None:
         return {}
     return {"image_id": sandbox.get("image_id"), "image": sandbox.get("image")}
