@@ -185,13 +185,16 @@ def test_a_network_inside_a_special_range_opens_only_that_network() -> None:
 
 
 def test_checked_settings() -> None:
-    assert egress.checked({"allow": ["pypi.org:443"]}) == {"allow": ("pypi.org:443",), "network": "allow"}
-    assert egress.checked({"network": "allow", "allow": []}) == {"allow": (), "network": "allow"}
-    assert egress.checked({"network": "host"}) == {}
+    assert egress.checked({"allow": ["pypi.org:443"]}) == ("allow", ("pypi.org:443",))
+    assert egress.checked({"network": "allow", "allow": []}) == ("allow", ())
+    assert egress.checked({"network": "host"}) == ("host", None)
+    assert egress.checked({}) == (None, None)
     for settings, words in (
         ({"network": "host", "allow": ["a.test"]}, "--allow goes with --network allow"),
         ({"network": "open"}, "--network must be one of none, host, allow"),
         ({"allow": "a.test"}, "one HOST[:PORT] per use"),
+        ({"allow": [1]}, "one HOST[:PORT] per use"),
+        ({"network": 1}, "--network must be one of none, host, allow"),
         ({"allow": [f"h{n}.test:1" for n in range(egress.MAX_RULES + 1)]}, "more than the 1000"),
     ):
         with pytest.raises(UsageError) as raised:

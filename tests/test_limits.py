@@ -91,3 +91,33 @@ def test_pinned_limits_round_trip_and_refuse_a_difference() -> None:
         check_pinned(pinned, {"max_calls": 4})
     with pytest.raises(ValueError, match="missing or have unknown fields"):
         from_state({**pinned._asdict(), "extra": 1})
+
+
+@pytest.mark.parametrize(
+    ("given", "words"),
+    [
+        ({"sandbox": 3}, "--sandbox must be one of"),
+        ({"sandbox": "chroot"}, "--sandbox must be one of none, bwrap, docker, podman, auto"),
+        ({"image": ""}, "--image must name an image"),
+        ({"home": "somewhere"}, "--home must be one of host, trial"),
+        ({"workspace": 7}, "--workspace must be a directory"),
+        ({"writable": "one/path"}, "--writable takes one path per use"),
+        ({"run_as": "someone"}, "--run-as must be root, user or UID:GID"),
+        ({"origin": 1}, "the sandbox's origin must be a path"),
+        ({"image": "busybox"}, "--image goes with --sandbox docker or --sandbox podman"),
+        ({"sandbox": "none", "home": "trial"}, "--home goes with --sandbox bwrap"),
+    ],
+)
+def test_sandbox_settings_are_checked_one_by_one_and_named(given: dict[str, object], words: str) -> None:
+    from trialtool import sandbox
+
+    with pytest.raises(UsageError) as raised:
+        sandbox.checked(given)
+    assert words in raised.value.message
+
+
+def test_checked_sandbox_settings_keep_only_what_was_given() -> None:
+    from trialtool import sandbox
+
+    checked = sandbox.checked({"sandbox": "bwrap", "writable": ["a", "b"], "run_as": "user", "home": "host"})
+    assert checked == {"sandbox": "bwrap", "writable": ("a", "b"), "run_as": "65534:65534", "home": "host"}

@@ -12,7 +12,6 @@ import json
 import os
 import stat
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from ..errors import SandboxError, UsageError
 from ..osio import plain
@@ -30,7 +29,7 @@ BACKENDS: dict[str, Backend] = {"none": none, "bwrap": bwrap, "docker": docker.D
 AUTO = "bwrap"
 MODES = tuple(BACKENDS)
 #: What pins a new trial's sandbox, given its settings (`pin`, handed to the ledger).
-PinSandbox = Callable[[Mapping[str, Any]], Sandbox]
+PinSandbox = Callable[[Mapping[str, object]], Sandbox]
 
 
 def backend(mode: str) -> Backend:
@@ -38,21 +37,22 @@ def backend(mode: str) -> Backend:
     return BACKENDS[mode]
 
 
-def checked(given: Mapping[str, Any]) -> dict[str, Any]:
+def checked(given: Mapping[str, object]) -> settings.Settings:
     """`given` with their values checked (UsageError naming the flag); paths not yet resolved."""
     mode = given.get("sandbox")
-    if mode is not None and mode not in (*MODES, "auto"):
+    if mode is not None and (not isinstance(mode, str) or mode not in (*MODES, "auto")):
         raise UsageError(f"--sandbox must be one of {', '.join((*MODES, 'auto'))}, not {plain(mode)}")
     values = settings.checked(given)
-    taker = BACKENDS[AUTO if mode in (None, "auto") else mode]
+    asked = values.get("sandbox", "auto")
+    taker = BACKENDS[AUTO if asked == "auto" else asked]
     for name in OWNED_SETTINGS:
-        if values.get(name) is not None and name not in taker.TAKES:
+        if name in values and name not in taker.TAKES:
             takers = [f"--sandbox {other}" for other, row in BACKENDS.items() if name in row.TAKES]
             raise UsageError(f"{settings.FLAG_OF[name]} goes with {' or '.join(takers)}")
     return values
 
 
-def pin(given: Mapping[str, Any], *, here: bool = True) -> Sandbox:
+def pin(given: Mapping[str, object], *, here: bool = True) -> Sandbox:
     """The sandbox a new trial pins: "auto" resolved on this machine, and the backend's own settings pinned.
 
     SandboxError when the backend asked for (or a network that needs one) cannot run here;
@@ -81,7 +81,7 @@ def pin(given: Mapping[str, Any], *, here: bool = True) -> Sandbox:
         return none.pin(asked, fallback=exc.reason)
 
 
-def check_pinned(pinned: Sandbox, given: Mapping[str, Any]) -> None:
+def check_pinned(pinned: Sandbox, given: Mapping[str, object]) -> None:
     """Refuse settings passed now that differ from the pinned ones ("auto" accepts whatever was pinned)."""
     if given:
         settings.check_pinned(pinned, checked(given))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from ..types import CallRequest, Limits
-    from ._settings import Sandbox
+    from ._settings import Sandbox, Settings
 
 
 class Asked(NamedTuple):
@@ -27,7 +27,7 @@ class Asked(NamedTuple):
 
     #: The backend asked for by name, or "auto".
     mode: str
-    settings: Mapping[str, Any]
+    settings: Settings
     workspace: str
     writable: tuple[str, ...]
 
@@ -175,7 +175,7 @@ class Backend(Protocol):
         """The sandbox a new trial pins; Unavailable when it cannot run here, UsageError for settings it refuses."""
         ...
 
-    def stored(self, data: Mapping[str, Any]) -> bool:
+    def stored(self, data: Mapping[str, object]) -> bool:
         """Whether a state's sandbox holds its own fields well formed."""
         ...
 

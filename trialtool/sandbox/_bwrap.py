@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import SandboxError, UsageError
 from ..osio import plain
@@ -42,7 +42,7 @@ from ._base import Asked, CallAt, Leftover, TrialFiles, Unavailable
 from ._base import Wrapped as Orders
 from ._executable import ISOLATION, STATUS_FD, available, check_binary, probe, start_probe
 from ._layout import Layout, inside, layout
-from ._settings import Pin, Sandbox, identity, pinned_run_as
+from ._settings import Pin, Sandbox, Settings, identity, pinned_run_as
 
 if TYPE_CHECKING:
     from ..types import CallRequest, Limits
@@ -97,7 +97,7 @@ def pin(asked: Asked) -> Sandbox:
     )
 
 
-def _home(settings: Mapping[str, Any], roots: Sequence[str]) -> tuple[str, str | None]:
+def _home(settings: Settings, roots: Sequence[str]) -> tuple[str, str | None]:
     """The pinned home: "trial" by default, over the caller's $HOME (`home_path`); "host" when asked for.
 
     A home that is the workspace, or inside a writable path, is the command's already: "host". So is
@@ -118,7 +118,7 @@ def _home(settings: Mapping[str, Any], roots: Sequence[str]) -> tuple[str, str |
     return "trial", path
 
 
-def stored(data: Mapping[str, Any]) -> bool:
+def stored(data: Mapping[str, object]) -> bool:
     """A bwrap trial has its workspace."""
     return isinstance(data.get("workspace"), str)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ..errors import UsageError
 from ..osio import plain
@@ -144,9 +144,9 @@ def _ports(text: str | None, given: str) -> tuple[int, ...]:
     return (int(text),)
 
 
-def canonical(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+def canonical(given: object) -> tuple[str, ...]:
     """The pinned form of a list of `--allow` values: every rule's text, sorted, without repeats."""
-    if isinstance(given, str):
+    if not isinstance(given, list | tuple) or not all(isinstance(value, str) for value in given):
         raise UsageError(f"--allow takes one HOST[:PORT] per use, not {plain(given)}")
     texts = sorted({rule.text for value in given for rule in parse(value)})
     if len(texts) > MAX_RULES:
@@ -154,16 +154,16 @@ def canonical(given: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return tuple(texts)
 
 
-def checked(settings: Mapping[str, Any]) -> dict[str, object]:
-    """`network` and `allow` of a trial's settings, checked; `--allow` alone means `--network allow`."""
+def checked(settings: Mapping[str, object]) -> tuple[str | None, tuple[str, ...] | None]:
+    """(`network`, `allow`) of a trial's settings, checked (None: not given); `--allow` alone means network allow."""
     network = settings.get("network")
-    if network is not None and network not in NETWORKS:
+    if network is not None and (not isinstance(network, str) or network not in NETWORKS):
         raise UsageError(f"--network must be one of {', '.join(NETWORKS)}, not {plain(network)}")
     if settings.get("allow") is None:
-        return {}
+        return network, None
     if network not in (None, "allow"):
         raise UsageError(f"--allow goes with --network allow, not --network {plain(network)}")
-    return {"allow": canonical(settings["allow"]), "network": "allow"}
+    return "allow", canonical(settings["allow"])
 
 
 def stored(value: object) -> bool:

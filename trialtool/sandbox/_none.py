@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ._base import Asked, CallAt, Leftover, TrialFiles, Wrapped
@@ -40,7 +40,7 @@ def pin(asked: Asked, fallback: str | None = None) -> Sandbox:
     return Sandbox("none", "host", asked.workspace, asked.writable, fallback=fallback)
 
 
-def stored(data: Mapping[str, Any]) -> bool:
+def stored(data: Mapping[str, object]) -> bool:
     """Nothing of its own is stored."""
     return True
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from ..errors import LimitMismatch, UsageError
 from ..osio import plain
@@ -40,6 +40,24 @@ FLAG_OF = {name: "--" + name.replace("_", "-") for name in SANDBOX_SETTINGS}
 #: `--run-as user`: nobody, an id that owns nothing on a host and that no host trusts.
 USER_ID = 65534
 RUN_AS = {"root": "0:0", "user": f"{USER_ID}:{USER_ID}"}
+
+
+class Settings(TypedDict, total=False):
+    """A trial's sandbox settings as given, each value checked (`checked`); paths not yet resolved."""
+
+    sandbox: str
+    network: str
+    allow: tuple[str, ...]
+    workspace: str
+    writable: tuple[str, ...]
+    home: str
+    image: str
+    run_as: str
+    #: Where relative paths are from (the caller's directory), the PATH executables are looked for on,
+    #: and the caller's $HOME (the per-user server's callers send theirs).
+    origin: str
+    search_path: str
+    home_path: str
 
 
 class Pin(NamedTuple):
@@ -136,31 +154,52 @@ def split(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return limits, settings
 
 
-def checked(settings: Mapping[str, Any]) -> dict[str, Any]:
+def checked(settings: Mapping[str, object]) -> Settings:
     """`settings` with their values checked (UsageError naming the flag); paths not yet resolved.
 
     Which backend takes which is the registry's to check (_backends.checked)."""
-    checked = dict(settings)
+    unknown = set(settings) - set(SETTINGS)
+    if unknown:
+        raise UsageError(f"unknown sandbox settings: {', '.join(sorted(unknown))}")
+    checked = Settings()
+    mode = settings.get("sandbox")
+    if mode is not None:
+        if not isinstance(mode, str):
+            raise UsageError(f"--sandbox must name a backend, not {plain(mode)}")
+        checked["sandbox"] = mode
     image = settings.get("image")
-    if image is not None and (not isinstance(image, str) or not image or not image.isprintable()):
-        raise UsageError(f"--image must name an image, not {plain(image)}")
-    checked.update(egress.checked(settings))
+    if image is not None:
+        if not isinstance(image, str) or not image or not image.isprintable():
+            raise UsageError(f"--image must name an image, not {plain(image)}")
+        checked["image"] = image
+    network, allow = egress.checked(settings)
+    if network is not None:
+        checked["network"] = network
+    if allow is not None:
+        checked["allow"] = allow
     if settings.get("run_as") is not None:
-        run_as(settings["run_as"])
+        checked["run_as"] = run_as(settings["run_as"])
     home = settings.get("home")
-    if home is not None and home not in HOMES:
-        msg = f"--home must be one of {', '.join(HOMES)}, not {plain(home)}"
-        raise UsageError(msg)
+    if home is not None:
+        if not isinstance(home, str) or home not in HOMES:
+            raise UsageError(f"--home must be one of {', '.join(HOMES)}, not {plain(home)}")
+        checked["home"] = home
     workspace = settings.get("workspace")
-    if workspace is not None and (not isinstance(workspace, str) or not workspace):
-        msg = f"--workspace must be a directory, not {plain(workspace)}"
-        raise UsageError(msg)
+    if workspace is not None:
+        if not isinstance(workspace, str) or not workspace:
+            raise UsageError(f"--workspace must be a directory, not {plain(workspace)}")
+        checked["workspace"] = workspace
     writable = settings.get("writable")
     if writable is not None:
-        if isinstance(writable, str) or not all(isinstance(path, str) and path for path in writable):
-            msg = f"--writable takes one path per use, not {plain(writable)}"
-            raise UsageError(msg)
+        if not isinstance(writable, list | tuple) or not all(isinstance(path, str) and path for path in writable):
+            raise UsageError(f"--writable takes one path per use, not {plain(writable)}")
         checked["writable"] = tuple(writable)
+    for name in ("origin", "search_path", "home_path"):
+        value = settings.get(name)
+        if value is not None:
+            if not isinstance(value, str):
+                raise UsageError(f"the sandbox's {name} must be a path, not {plain(value)}")
+            checked[name] = value
     return checked
 
 
@@ -179,7 +218,7 @@ def _canonical(path: str, flag: str, *, directory: bool) -> str:
     return resolved
 
 
-def paths(settings: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+def paths(settings: Settings) -> tuple[str, tuple[str, ...]]:
     """The workspace and writable paths, canonical; relative ones and the default from `origin` (else here)."""
     origin = settings.get("origin") or os.getcwd()
     workspace = _canonical(os.path.join(origin, settings.get("workspace") or "."), "--workspace", directory=True)
@@ -194,9 +233,9 @@ def paths(settings: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
     return workspace, writable
 
 
-def pinned_run_as(settings: Mapping[str, Any]) -> str:
-    """The `run_as` a new trial pins: as given, else `default_run_as`."""
-    return default_run_as() if settings.get("run_as") is None else run_as(settings["run_as"])
+def pinned_run_as(settings: Settings) -> str:
+    """The `run_as` a new trial pins: as given (checked), else `default_run_as`."""
+    return settings.get("run_as") or default_run_as()
 
 
 def identity(path: str) -> Pin:
@@ -205,7 +244,7 @@ def identity(path: str) -> Pin:
     return Pin(path, info.st_dev, info.st_ino)
 
 
-def check_pinned(pinned: Sandbox, settings: Mapping[str, Any]) -> None:
+def check_pinned(pinned: Sandbox, settings: Settings) -> None:
     """Refuse settings passed now (checked) that differ from the pinned ones ("auto" accepts whatever was pinned)."""
     mode = settings.get("sandbox")
     if mode is not None and mode != "auto" and mode != pinned.mode:
@@ -292,6 +331,7 @@ __all__ = [
     "Binary",
     "Pin",
     "Sandbox",
+    "Settings",
     "check_pinned",
     "checked",
     "default_run_as",
