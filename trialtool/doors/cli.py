@@ -160,15 +160,14 @@ def _install_shim(args: Arguments) -> int:
     flags += ["--lock-timeout", repr(args.lock_timeout)]
     for name, value in overrides(args).items():
         flag = "--" + name.replace("_", "-")
-        if name == "writable":
-            for path in value:
-                flags += [flag, os.path.abspath(path)]
-            continue
-        if name in ("labels", "allow"):
+        if isinstance(value, list):  # writable, allow, labels: the flag once for each
             for item in value:
-                flags += ["--label" if name == "labels" else flag, item]
+                flags += [
+                    "--label" if name == "labels" else flag,
+                    os.path.abspath(item) if name == "writable" else item,
+                ]
             continue
-        if name == "workspace":
+        if name == "workspace" and isinstance(value, str):
             value = os.path.abspath(value)
         shown = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
         flags += [flag, shown]
@@ -195,7 +194,7 @@ def _server_command(action: str) -> int:
     return 0
 
 
-def describe(state: TrialState) -> dict[str, Any]:
+def describe(state: TrialState) -> dict[str, object]:
     """The state as `status` and `init` print it: the document, and what is left of each budget."""
     from ..types import budget
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TypedDict
 
 from ..ledger import key_from_environ, read_key_file
 from ..types import CallRequest, Command
@@ -28,7 +28,19 @@ def key_of(args: Arguments, environ: Mapping[str, str] = os.environ) -> bytes | 
     return key_from_environ(environ)
 
 
-def trial_settings(args: Arguments, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+class TrialSettings(TypedDict):
+    """What a Trial is made with, as the flags and the caller's environment give it."""
+
+    state_path: str
+    log_path: str
+    limits: dict[str, object]
+    lock_timeout: float
+    rank_file: str | None
+    key: bytes | None
+    hidden_files: list[str]
+
+
+def trial_settings(args: Arguments, environ: Mapping[str, str] = os.environ) -> TrialSettings:
     """Trial's arguments for these flags, in the caller's `environ`: equal flags, equal settings."""
     from ..output import RANK_FILE_ENV
 
@@ -49,7 +61,7 @@ def trial_of(
     *,
     origin: str | None = None,
     fork_server: ForkServer | None = None,
-    settings: dict[str, object] | None = None,
+    settings: TrialSettings | None = None,
 ) -> Trial:
     """The Trial the flags name (`settings`: trial_settings's, when the caller has them already)."""
     from ..trial import Trial
@@ -92,4 +104,4 @@ def request_of(
     )
 
 
-__all__ = ["key_of", "request_of", "trial_of", "trial_settings"]
+__all__ = ["TrialSettings", "key_of", "request_of", "trial_of", "trial_settings"]

@@ -12,13 +12,14 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypedDict
 
 from ..errors import StateError, StorageError, UsageError
 from .options import Arguments
 
 if TYPE_CHECKING:
-    from ..view.summary import Summary
+    from ..view.joins import Scores
+    from ..view.summary import Integrity, Summary
 
 #: `status` and `show` of a trial whose log or state fails verification (as `verify`).
 EXIT_NOT_INTACT = 1
@@ -51,7 +52,7 @@ def status(args: Arguments, key: bytes | None) -> int:
     return EXIT_NOT_INTACT if summary["integrity"]["verdict"] == "failed" else 0
 
 
-def _status_document(summary: Summary) -> dict[str, Any]:
+def _status_document(summary: Summary) -> dict[str, object]:
     """`status --json`: the summary's fields a harness or grader reads (docs/graders.md)."""
     return {
         "trial_id": summary["trial_id"],
@@ -107,16 +108,16 @@ def show(args: Arguments, key: bytes | None) -> int:
         raise UsageError(f"no call {args.call} in this trial (it has {known})")
     replayer = Replayer(getattr(args, "o200k_file", None))
     integrity = summary["integrity"]
+    delivered_of = [replayer.delivered(record) for record in chosen]
     shown = [
-        {"record": record, "delivered": replayer.delivered(record)._asdict(), "integrity": _said_of(record, integrity)}
-        for record in chosen
+        {"record": record, "delivered": delivered._asdict(), "integrity": _said_of(record, integrity)}
+        for record, delivered in zip(chosen, delivered_of, strict=True)
     ]
     if args.json:
         print(json.dumps(shown if len(shown) > 1 else shown[0], indent=2))
         return EXIT_NOT_INTACT if integrity["verdict"] == "failed" else 0
     verdicts = {True: "matches the record", False: "DOES NOT match the record", None: "nothing was delivered"}
-    for entry in shown:
-        delivered: dict[str, Any] = entry["delivered"]
+    for entry, delivered in zip(shown, delivered_of, strict=True):
         said = entry["integrity"]
         if said["verdict"] != "clean":
             # Matching its own hashes says nothing of a record someone appended: the trial's verdict first.
@@ -126,9 +127,8 @@ def show(args: Arguments, key: bytes | None) -> int:
             from ..view import connections
 
             print("\n" + "\n".join(connections.lines(entry["record"]["network"])))
-        print(f"\n--- what the agent read ({verdicts[delivered['matches']]}) ---")
-        for name in ("stdout", "stderr"):
-            text = str(delivered[name])
+        print(f"\n--- what the agent read ({verdicts[delivered.matches]}) ---")
+        for name, text in (("stdout", delivered.stdout), ("stderr", delivered.stderr)):
             print(f"--- {name} ---" + ("" if text else " (empty)"))
             if text:
                 # What the command wrote, its control characters shown as escapes (render.visible).
@@ -137,9 +137,9 @@ def show(args: Arguments, key: bytes | None) -> int:
     return EXIT_NOT_INTACT if integrity["verdict"] == "failed" else 0
 
 
-def _said_of(record: Mapping[str, object], integrity: dict[str, Any]) -> dict[str, Any]:
+def _said_of(record: Mapping[str, object], integrity: Integrity) -> dict[str, object]:
     """The trial's verdict as `show` puts it beside one record: `this_record` when it is the one named."""
-    said = dict(integrity)
+    said: dict[str, object] = dict(integrity)
     said["this_record"] = record.get("record") == integrity.get("first_bad_record")
     return said
 
@@ -233,7 +233,12 @@ def report(args: Arguments, key: bytes | None) -> int:
     return verdict_exit(worst, strict=args.strict)
 
 
-def _joined(args: Arguments) -> dict[str, Any]:
+class _Joined(TypedDict):
+    scores: Scores | None
+    heads: dict[str, str] | None
+
+
+def _joined(args: Arguments) -> _Joined:
     """The scores and heads a grader brings (--scores, --heads), read before any trial is."""
     from ..view import joins
 
@@ -280,7 +285,11 @@ def export(args: Arguments, key: bytes | None) -> int:
 
 
 def _write_table(
-    exports: Any, chosen: str, path: str | None, source: Iterator[dict[str, Any]], columns: tuple[tuple[str, str], ...]
+    exports: Any,
+    chosen: str,
+    path: str | None,
+    source: Iterator[dict[str, object]],
+    columns: tuple[tuple[str, str], ...],
 ) -> None:
     if chosen == "parquet":
         assert path is not None  # checked before anything was read

@@ -48,9 +48,9 @@ def build(trial: Trial, *, max_concurrent: int = 4) -> Any:
         raise UsageError(msg) from exc
 
     # The structured results' schemas, read off the NamedTuples they are the JSON of.
-    budget_fields: dict[str, Any] = {**get_type_hints(Budget), "exhausted": bool}
+    budget_fields: dict[str, object] = {**get_type_hints(Budget), "exhausted": bool}
     BudgetLeft = TypedDict("BudgetLeft", budget_fields)  # type: ignore[misc]
-    shell_fields: dict[str, Any] = {**get_type_hints(CallResult), "budget": BudgetLeft}
+    shell_fields: dict[str, object] = {**get_type_hints(CallResult), "budget": BudgetLeft}
     del shell_fields["record"]  # the audit record is the grader's, not the agent's
     ShellResult = TypedDict("ShellResult", shell_fields)  # type: ignore[misc]
 

@@ -12,7 +12,7 @@ call (budget spent) comes back the same way, charged as the ledger says.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 from ..errors import TrialToolError
 from ..trial import Trial
@@ -28,7 +28,7 @@ _DESCRIPTION = (
 )
 
 
-def openai_tool(name: str = TOOL_NAME, *, description: str = _DESCRIPTION) -> dict[str, Any]:
+def openai_tool(name: str = TOOL_NAME, *, description: str = _DESCRIPTION) -> dict[str, object]:
     """The function tool's definition, for the `tools` list of a Chat Completions request."""
     return {
         "type": "function",
@@ -52,7 +52,14 @@ def _field(value: Any, name: str) -> Any:
     return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
 
 
-def parse_tool_call(tool_call: Any, name: str = TOOL_NAME) -> tuple[str, dict[str, Any] | str]:
+class ToolArguments(TypedDict):
+    """A tool call's arguments, checked."""
+
+    command: str
+    cwd: str | None
+
+
+def parse_tool_call(tool_call: Any, name: str = TOOL_NAME) -> tuple[str, ToolArguments | str]:
     """(the call's id, run arguments) or (the call's id, what to tell the model is wrong)."""
     call_id = _field(tool_call, "id") or ""
     function = _field(tool_call, "function")
@@ -77,7 +84,7 @@ def parse_tool_call(tool_call: Any, name: str = TOOL_NAME) -> tuple[str, dict[st
     return call_id, {"command": command, "cwd": cwd}
 
 
-def tool_message(call_id: str, outcome: CallResult | str, *, parts: bool = False) -> dict[str, Any]:
+def tool_message(call_id: str, outcome: CallResult | str, *, parts: bool = False) -> dict[str, object]:
     """The `role: "tool"` message: the blocks of toolreply.py, one string (or text parts with `parts`)."""
     texts = toolreply.blocks(outcome) if isinstance(outcome, CallResult) else [outcome]
     if parts:
@@ -87,7 +94,7 @@ def tool_message(call_id: str, outcome: CallResult | str, *, parts: bool = False
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
-def handle_tool_call(trial: Trial, tool_call: Any, *, name: str = TOOL_NAME, parts: bool = False) -> dict[str, Any]:
+def handle_tool_call(trial: Trial, tool_call: Any, *, name: str = TOOL_NAME, parts: bool = False) -> dict[str, object]:
     """Run one tool call of the model's through `trial`; its `role: "tool"` message.
 
     `parts=True` gives the content as text parts (stdout, stderr, framing), each
@@ -105,7 +112,7 @@ def handle_tool_call(trial: Trial, tool_call: Any, *, name: str = TOOL_NAME, par
 
 async def ahandle_tool_call(
     trial: Trial, tool_call: Any, *, name: str = TOOL_NAME, parts: bool = False
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """`handle_tool_call` for asyncio harnesses (the call runs in the loop's executor)."""
     call_id, parsed = parse_tool_call(tool_call, name)
     if isinstance(parsed, str):
@@ -117,4 +124,12 @@ async def ahandle_tool_call(
     return tool_message(call_id, result, parts=parts)
 
 
-__all__ = ["TOOL_NAME", "ahandle_tool_call", "handle_tool_call", "openai_tool", "parse_tool_call", "tool_message"]
+__all__ = [
+    "TOOL_NAME",
+    "ToolArguments",
+    "ahandle_tool_call",
+    "handle_tool_call",
+    "openai_tool",
+    "parse_tool_call",
+    "tool_message",
+]

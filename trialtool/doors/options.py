@@ -253,8 +253,8 @@ class Arguments:
         self.__dict__.update(values)
 
 
-def _empty(command: str) -> dict[str, Any]:
-    values: dict[str, Any] = {}
+def _empty(command: str) -> dict[str, object]:
+    values: dict[str, object] = {}
     for _, dest, kind, commands, _, _ in OPTIONS:
         if command in commands:
             values[dest] = [] if kind == "list" else False if kind == "switch" else _DEFAULTS.get(dest)
@@ -291,10 +291,10 @@ def quick(command: str, flags: list[str]) -> Arguments | None:
             parsed: Any = float(value) if kind == "number" else int(value) if kind == "whole" else value
         except ValueError:
             return None
-        if kind == "list":
-            values[dest].append(parsed)
-        else:
+        if kind != "list":
             values[dest] = parsed
+        elif isinstance(listed := values[dest], list):
+            listed.append(parsed)
     if values["state"] is None or values["log"] is None:
         return None
     return Arguments(command, values)
@@ -347,7 +347,7 @@ def parse(command: str, flags: list[str]) -> Arguments:
             continue
         if group not in groups:
             groups[group] = parser.add_argument_group(group)
-        options: dict[str, Any] = {"dest": dest, "help": text}
+        options: dict[str, object] = {"dest": dest, "help": text}
         if kind == "switch":
             options["action"] = "store_true"
         elif kind == "list":
@@ -385,7 +385,7 @@ def split(argv: list[str]) -> tuple[str, list[str], list[str]]:
     return command, argv, []
 
 
-def overrides(args: Arguments) -> dict[str, Any]:
+def overrides(args: Arguments) -> dict[str, object]:
     """The limits given on the command line (absent ones are not overrides)."""
     given = {name: getattr(args, name) for name in _LIMIT_DESTS if getattr(args, name, None) is not None}
     for name in ("writable", "allow", "labels"):

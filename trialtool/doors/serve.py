@@ -140,7 +140,7 @@ class JsonLinesServer:
 
     # -- requests --------------------------------------------------------------
 
-    def _handle(self, line: bytes) -> tuple[Any, str, dict[str, Any]] | None:
+    def _handle(self, line: bytes) -> tuple[Any, str, dict[str, object]] | None:
         """Parse one line; answer it at once if it is bad, else return (id, method, params)."""
         try:
             request = json.loads(line)
@@ -172,7 +172,7 @@ class JsonLinesServer:
         try:
             if method == "run":
                 result = self.trial.call(call_request(params), interrupt=self._stop)
-                answer: dict[str, Any] = {"id": ident, "result": result.as_json()}
+                answer: dict[str, object] = {"id": ident, "result": result.as_json()}
             elif method == "budget":
                 answer = {"id": ident, "result": self.trial.budget().as_json()}
             else:

@@ -63,7 +63,7 @@ class Chain:
         return hmac.compare_digest(self.digest(data), expected)
 
 
-def encode(record: Mapping[str, Any]) -> bytes:
+def encode(record: Mapping[str, object]) -> bytes:
     """The record as one canonical line: sorted keys, no spaces, ASCII only."""
     return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
@@ -73,7 +73,7 @@ _SPLICED = ("stdout_b64", "stderr_b64")
 _SLICE = 1 << 20
 
 
-def encode_parts(record: Mapping[str, Any]) -> Iterator[bytes]:
+def encode_parts(record: Mapping[str, object]) -> Iterator[bytes]:
     """`encode(record)`, byte for byte, as a series of parts.
 
     The captured streams' base64 is sliced straight into the line rather than
@@ -81,7 +81,7 @@ def encode_parts(record: Mapping[str, Any]) -> Iterator[bytes]:
     large output never holds its line twice over (docs/performance.md). Base64
     needs no JSON escaping, so the slices are its text as it is.
     """
-    big = {key: record[key] for key in _SPLICED if isinstance(record.get(key), str) and len(record[key]) > _SLICE}
+    big = {key: value for key in _SPLICED if isinstance(value := record.get(key), str) and len(value) > _SLICE}
     if not big:
         yield encode(record)
         return
@@ -114,7 +114,7 @@ def append(path: str, record: Record, head: LogHead, chain: Chain, *, claim: boo
     return LogHead(head.records + 1, size, hasher.hexdigest(), head.bytes)
 
 
-def find_request(path: str, request_id: str, upto: int) -> dict[str, Any] | None:
+def find_request(path: str, request_id: str, upto: int) -> dict[str, object] | None:
     """The last record of the log's first `upto` bytes that names `request_id`, read from the end.
 
     For the rare moment a CLI outlives the server that ran its call (doors/userclient.py): the
@@ -145,7 +145,7 @@ class Tail(NamedTuple):
     """What the log holds at and after the point the state knows."""
 
     #: The last record the state knows of (None for an empty log).
-    last: dict[str, Any] | None
+    last: dict[str, object] | None
     #: Bytes after what the state knows of: a crash between appending and replacing the state.
     extra: bytes
 

@@ -12,7 +12,6 @@ Either way it never decreases: the state keeps the largest value seen.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
@@ -44,11 +43,11 @@ def anchor() -> dict[str, object]:
     return {"boot_id": boot_id(), "boot_clock": boot_clock()}
 
 
-def elapsed(anchor_: dict[str, Any], started_at: float, floor: float) -> float:
+def elapsed(anchor_: dict[str, object], started_at: float, floor: float) -> float:
     """Seconds since the trial started, never less than `floor` (the last value recorded)."""
-    here = boot_id()
-    if here is not None and here == anchor_.get("boot_id"):
-        seconds = boot_clock() - float(anchor_["boot_clock"])
+    here, then = boot_id(), anchor_.get("boot_clock")
+    if here is not None and here == anchor_.get("boot_id") and isinstance(then, int | float):
+        seconds = boot_clock() - then
     else:
         seconds = time.time() - started_at
     return max(seconds, floor)

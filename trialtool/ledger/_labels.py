@@ -8,8 +8,6 @@ runs: nothing in trialtool reads them back to decide anything.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..errors import LimitMismatch, UsageError
 from ..osio import plain
 
@@ -56,7 +54,7 @@ def parse(given: object) -> dict[str, str]:
     return dict(sorted(labels.items()))
 
 
-def split(overrides: dict[str, object]) -> tuple[dict[str, str] | None, dict[str, Any]]:
+def split(overrides: dict[str, object]) -> tuple[dict[str, str] | None, dict[str, object]]:
     """(the labels given, checked, or None; the other overrides)."""
     if NAME not in overrides:
         return None, overrides

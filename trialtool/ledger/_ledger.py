@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, UsageError
 from ..osio import plain, require_directory
@@ -83,7 +82,7 @@ class Ledger:
         #: as abandoned although their owner, this process, lives on.
         self._abandoned: set[int] = set()
 
-    def settle_request(self, request_id: str) -> tuple[dict[str, Any] | None, TrialState]:
+    def settle_request(self, request_id: str) -> tuple[dict[str, object] | None, TrialState]:
         """After the process that ran a call died: what it left in flight recovered, and `request_id`'s record.
 
         None: no record names it, and nothing of it is in flight: it was never charged.

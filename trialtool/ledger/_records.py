@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Mapping
-from typing import Any, NamedTuple, TypedDict, Unpack
+from typing import NamedTuple, TypedDict, Unpack
 
 from ..osio import os_bytes, shown
 from ..sandbox import egress
@@ -119,15 +119,15 @@ class CallFields(Given, total=False):
     peak_rss_scope: str
     cpu_user_seconds: float
     cpu_system_seconds: float
-    containment: dict[str, Any]
-    network: dict[str, Any]
+    containment: dict[str, object]
+    network: dict[str, object]
     withheld: bool
     reply: str
     final: bool
     sandbox: str
     #: Where it ran: the trial's container, or (a harness's own sandbox) what the harness said.
-    container: dict[str, Any]
-    elsewhere: dict[str, Any]
+    container: dict[str, object]
+    elsewhere: dict[str, object]
 
 
 class CallRecord(Line, CallFields, total=False):
@@ -142,8 +142,8 @@ class CallRecord(Line, CallFields, total=False):
 class StartRecord(Line, total=False):
     """A trial's first line (`start`): who the trial is and what it pinned."""
 
-    limits: dict[str, Any]
-    sandbox_settings: dict[str, Any]
+    limits: dict[str, object]
+    sandbox_settings: dict[str, object]
     labels: dict[str, str]
     at_utc: str
 
@@ -385,7 +385,7 @@ def repair(trial_id: str, torn: bytes, at_utc: str) -> RepairRecord:
 
 
 def start(
-    *, trial_id: str, limits: dict[str, Any], sandbox: dict[str, Any], labels: dict[str, str], at_utc: str
+    *, trial_id: str, limits: dict[str, object], sandbox: dict[str, object], labels: dict[str, str], at_utc: str
 ) -> StartRecord:
     """A trial's first record: it claims the log, and says who the trial is and what it pinned."""
     return {

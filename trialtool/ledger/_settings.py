@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .. import sandbox
 from ..types import Limits
@@ -26,12 +26,12 @@ class Settings(NamedTuple):
     #: The names of the limits the caller gave: only these must match a trial's pinned ones.
     given: tuple[str, ...]
     #: The sandbox's settings given (sandbox.SETTINGS), checked; paths are resolved when pinned.
-    sandbox: Mapping[str, Any]
+    sandbox: Mapping[str, object]
     #: The labels given, checked, or None.
     labels: Mapping[str, str] | None
 
     @classmethod
-    def of(cls, overrides: Mapping[str, Any] | None = None) -> Settings:
+    def of(cls, overrides: Mapping[str, object] | None = None) -> Settings:
         """Settings from a `limits` dict as `Trial` takes it (with `labels`); UsageError naming a bad one."""
         given_labels, rest = labels.split(dict(overrides or {}))
         limits, settings = sandbox.settings.split(rest)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from .. import sandbox
 from ..errors import StateError
@@ -50,7 +49,7 @@ class Store:
         #: What pins a new trial's sandbox on this machine (the sandbox room's `pin`); None: none can run.
         self.pin_sandbox = pin_sandbox
         #: (log stamp, head, last record's summary) as this process last wrote or checked the log.
-        self._trusted: tuple[list[int], audit.LogHead, dict[str, Any] | None] | None = None
+        self._trusted: tuple[list[int], audit.LogHead, dict[str, object] | None] | None = None
 
     def load(self) -> TrialState | None:
         """The validated state, or None when the trial does not exist yet."""
@@ -94,7 +93,7 @@ class Store:
         )
         self.append(state, record, claim=True)
 
-    def _trust(self, head: audit.LogHead, last: Mapping[str, Any] | None) -> None:
+    def _trust(self, head: audit.LogHead, last: Mapping[str, object] | None) -> None:
         """Remember the log as this process last wrote or checked it, stamp and all."""
         stamp = durable.stamp(self.log_path)
         summary = None if last is None else {"trial_id": last.get("trial_id"), "ledger_after": last.get("ledger_after")}
@@ -149,13 +148,13 @@ class Store:
         limit_rules.check_given(state.limits, settings.limits, settings.given)
         sandbox.check_pinned(state.sandbox, settings.sandbox)
         tail = self._read_tail(state.log)
-        last: Mapping[str, Any] | None = tail.last
+        last: Mapping[str, object] | None = tail.last
         if tail.extra:
             last = self._mend(state, tail.extra) or last
         check_against_log(state, last, self.state_path)
         return state
 
-    def _mend(self, state: TrialState, extra: bytes) -> Mapping[str, Any] | None:
+    def _mend(self, state: TrialState, extra: bytes) -> Mapping[str, object] | None:
         """Bring state and log back into step after a crash; return the new last record, if any."""
         complete, _, torn = extra.rpartition(b"\n")
         if not complete and torn:

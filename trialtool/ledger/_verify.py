@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ..errors import StateError, StorageError
 from ..osio import plain
@@ -61,7 +61,7 @@ class Report(NamedTuple):
     #: The digest of the log's last whole line: the head a harness was handed after that call.
     head: str = audit.GENESIS
     #: Calls reserved and not recorded: {"sequence", "owner": "running" | "gone"}.
-    in_flight: list[dict[str, Any]] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
+    in_flight: list[dict[str, object]] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
     #: The line of the record the state does not count yet (unconfirmed), if there is one.
     pending: int | None = None
 
@@ -180,7 +180,7 @@ def _away_from(steps: list[_Step], expected: str) -> str:
     )
 
 
-def _in_flight(state: TrialState) -> list[dict[str, Any]]:
+def _in_flight(state: TrialState) -> list[dict[str, object]]:
     return [
         {"sequence": sequence, "owner": "running" if liveness.alive(entry.pid, entry.pid_token) else "gone"}
         for sequence, entry in sorted(state.in_flight.items())
@@ -188,7 +188,7 @@ def _in_flight(state: TrialState) -> list[dict[str, Any]]:
 
 
 def _verdict(
-    problems: list[Problem], unverified: bool, in_flight: list[dict[str, Any]], recoverable: list[str], records: int
+    problems: list[Problem], unverified: bool, in_flight: list[dict[str, object]], recoverable: list[str], records: int
 ) -> tuple[str, str | None]:
     """The one verdict of VERDICTS that says it, and why."""
     if problems:

@@ -296,14 +296,15 @@ def _fit_json_rpc(
         return None
     if not isinstance(response, dict) or response.get("jsonrpc") != "2.0":
         return None
-    holder: dict[str, Any]
-    if isinstance(response.get("result"), str):
-        holder, key = response, "result"
-    elif isinstance(response.get("error"), dict) and isinstance(response["error"].get("message"), str):
-        holder, key = response["error"], "message"
+    holder: dict[str, object]
+    result, error = response.get("result"), response.get("error")
+    if isinstance(result, str):
+        holder, key, text = response, "result", result
+    elif isinstance(error, dict) and isinstance(message := error.get("message"), str):
+        holder, key, text = error, "message", message
     else:
         return None
-    inner, err = fit(encoder, holder[key], stderr, allowance, mode, stderr_suffix)
+    inner, err = fit(encoder, text, stderr, allowance, mode, stderr_suffix)
     holder[key] = inner.text
     # The envelope is the transport's, not the model's: its tokens are not the agent's to pay.
     return inner._replace(text=json.dumps(response, ensure_ascii=False)), err

@@ -20,7 +20,7 @@ import os
 import selectors
 import signal
 import sys
-from typing import Any, NamedTuple, NoReturn
+from typing import NamedTuple, NoReturn
 
 from ..osio import make_undumpable, prctl, write_all
 from . import _reaper as reaper
@@ -167,7 +167,7 @@ def _read_orders(control_fd: int, signals: Signals) -> Spec | None:
     command is stopped as it starts.
     """
     data = bytearray()
-    orders: dict[str, Any] | None = None
+    orders: dict[str, object] | None = None
     wanted = 0  # bytes of input, once the orders' line is in
     with selectors.DefaultSelector() as selector:
         selector.register(control_fd, selectors.EVENT_READ)

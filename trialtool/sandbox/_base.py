@@ -15,7 +15,7 @@ nothing outside a backend's module names it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from ..types import CallRequest, Limits
@@ -86,7 +86,7 @@ class Checked(Protocol):
         """The command of `request`, with the environment `env`, as the backend runs it."""
         ...
 
-    def where(self) -> dict[str, Any] | None:
+    def where(self) -> dict[str, object] | None:
         """What the call's record says of the container that ran it (its `container`: name, id, image), or None."""
         ...
 
@@ -218,6 +218,28 @@ class Backend(Protocol):
         ...
 
 
+# What a backend binds by name at a step where it has nothing to do.
+
+
+def nothing_ahead(sandbox: Sandbox) -> None:
+    """Nothing to start before the lock."""
+
+
+def nothing_kept(sandbox: Sandbox, trial_id: str) -> bool:
+    """Nothing is kept between calls, so nothing is closed."""
+    return False
+
+
+def nothing_left() -> list[Leftover]:
+    """Nothing is kept between calls, so nothing is left over."""
+    return []
+
+
+def nothing_bound(argv: Sequence[str], binds: Sequence[tuple[int, str, int, int]]) -> tuple[list[str], list[int]]:
+    """Nothing is bound by descriptor."""
+    return list(argv), []
+
+
 __all__ = [
     "Asked",
     "Backend",
@@ -229,4 +251,8 @@ __all__ = [
     "TrialFiles",
     "Unavailable",
     "Wrapped",
+    "nothing_ahead",
+    "nothing_bound",
+    "nothing_kept",
+    "nothing_left",
 ]

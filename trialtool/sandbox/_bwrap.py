@@ -38,7 +38,7 @@ from . import _home as home
 from . import _ownfiles as ownfiles
 from . import _pinned as pinned
 from . import _seccomp as seccomp
-from ._base import Asked, CallAt, Leftover, TrialFiles, Unavailable
+from ._base import Asked, CallAt, TrialFiles, Unavailable, nothing_kept, nothing_left
 from ._base import Wrapped as Orders
 from ._executable import ISOLATION, STATUS_FD, available, check_binary, probe, start_probe
 from ._layout import Layout, inside, layout
@@ -133,13 +133,9 @@ def ahead(sandbox: Sandbox) -> None:
         start_probe(sandbox.binary)
 
 
-def close(sandbox: Sandbox, trial_id: str) -> bool:
-    """Nothing is kept between calls (the trial's /tmp and home stay with its files)."""
-    return False
-
-
-def leftovers() -> list[Leftover]:
-    return []
+# Nothing is kept between calls: the trial's /tmp and home stay with its files.
+close = nothing_kept
+leftovers = nothing_left
 
 
 class Wrapped(NamedTuple):

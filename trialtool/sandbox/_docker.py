@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ..errors import SandboxError, UsageError
 from ..osio import plain
-from ._base import Asked, Leftover, TrialFiles, Unavailable
+from ._base import Asked, Leftover, TrialFiles, Unavailable, nothing_ahead, nothing_bound
 from ._container import Container, client_run, name_of, stops
 from ._engine import listed, remove, said
 from ._executable import check_binary, find
@@ -121,8 +121,8 @@ class Engine:
     def session(self, sandbox: Sandbox, files: TrialFiles) -> Container:
         return Container(sandbox, files.state_path, files.log_path, files.secret, self.caller_limits)
 
-    def ahead(self, sandbox: Sandbox) -> None:
-        """Nothing to start: the container is asked about under the lock, in a millisecond."""
+    # Nothing to start: the container is asked about under the lock, in a millisecond.
+    ahead = staticmethod(nothing_ahead)
 
     def close(self, sandbox: Sandbox, trial_id: str) -> bool:
         """Stop and remove the trial's container, through its own pinned client (checked, never looked up again)."""
@@ -142,10 +142,8 @@ class Engine:
             for name, trial_id, state, log in listed(client)
         ]
 
-    @staticmethod
-    def descriptors(argv: Sequence[str], binds: Sequence[tuple[int, str, int, int]]) -> tuple[list[str], list[int]]:
-        """Nothing is bound by descriptor: the paths go to the engine by name, checked at the container's start."""
-        return list(argv), []
+    # Nothing is bound by descriptor: the paths go to the engine by name, checked at the container's start.
+    descriptors = staticmethod(nothing_bound)
 
     own = staticmethod(own)
     stops = staticmethod(stops)

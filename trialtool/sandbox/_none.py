@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from ._base import Asked, CallAt, Leftover, TrialFiles, Wrapped
+from ._base import Asked, CallAt, TrialFiles, Wrapped, nothing_ahead, nothing_bound, nothing_kept, nothing_left
 from ._executable import settle
 from ._settings import Sandbox
 
@@ -69,22 +69,10 @@ def session(sandbox: Sandbox, files: TrialFiles) -> _Session:
     return _SESSION
 
 
-def ahead(sandbox: Sandbox) -> None:
-    """Nothing to start."""
-
-
-def close(sandbox: Sandbox, trial_id: str) -> bool:
-    """Nothing is kept between calls."""
-    return False
-
-
-def leftovers() -> list[Leftover]:
-    return []
-
-
-def descriptors(argv: Sequence[str], binds: Sequence[tuple[int, str, int, int]]) -> tuple[list[str], list[int]]:
-    """Nothing is bound."""
-    return list(argv), []
+ahead = nothing_ahead
+close = nothing_kept
+leftovers = nothing_left
+descriptors = nothing_bound
 
 
 def own(top: int, children: Callable[[int], list[int]]) -> set[int]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, NamedTuple, TypedDict
+from typing import NamedTuple, TypedDict
 
 from ..errors import LimitMismatch, UsageError
 from ..osio import plain
@@ -105,7 +105,7 @@ class Sandbox(NamedTuple):
     #: "UID:GID", who the command runs as (every backend but none); None in trials made before it was pinned.
     run_as: str | None = None
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         # A backend's own fields only where it pinned them; the allowlist only with network "allow".
         unused = {name for name in _OPTIONAL_FIELDS if getattr(self, name) is None}
         unused |= {"allow"} if self.network != "allow" else set()
@@ -147,7 +147,7 @@ def run_as(value: object) -> str:
 UNSANDBOXED = Sandbox()  # what a trial created before sandboxes existed holds: nothing
 
 
-def split(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split(overrides: dict[str, object]) -> tuple[dict[str, object], dict[str, object]]:
     """(the limits, the sandbox settings) of one overrides dict."""
     limits = {name: value for name, value in overrides.items() if name not in SETTINGS}
     settings = {name: value for name, value in overrides.items() if name in SETTINGS}
@@ -273,7 +273,7 @@ def _mismatch(name: str, wanted: object, pinned: object) -> None:
 _FIRST_FIELDS = frozenset({"mode", "network", "workspace", "writable"})
 
 
-def parsed(data: dict[str, Any]) -> Sandbox:
+def parsed(data: dict[str, object]) -> Sandbox:
     """A stored sandbox's shared fields checked, and the whole as pinned; ValueError if malformed.
 
     The registry has already asked its backend about the fields of its own (Backend.stored).
@@ -281,6 +281,7 @@ def parsed(data: dict[str, Any]) -> Sandbox:
     if not _FIRST_FIELDS <= set(data) <= set(Sandbox._fields):
         raise ValueError("the sandbox is malformed")
     workspace, writable = data["workspace"], data["writable"]
+    binary_fields, pin_fields, allow = data.get("binary"), data.get("pins") or [], data.get("allow", [])
     if (
         not isinstance(data["mode"], str)
         or data["network"] not in NETWORKS
@@ -290,20 +291,25 @@ def parsed(data: dict[str, Any]) -> Sandbox:
         or not all(isinstance(data.get(name), str | None) for name in ("fallback", "home_path", *_OPTIONAL_FIELDS))
         or data.get("home", "host") not in HOMES
         or (data.get("home") == "trial" and not isinstance(data.get("home_path"), str))
-        or not egress.stored(data.get("allow", []))
+        or not egress.stored(allow)
+        or not isinstance(allow, list)
         or (data.get("run_as") is not None and not _ids(data["run_as"]))
+        or not (binary_fields is None or isinstance(binary_fields, dict))
+        or not isinstance(pin_fields, list)
+        or not all(isinstance(pin, dict) for pin in pin_fields)
     ):
         raise ValueError("the sandbox is malformed")
     try:
-        binary = None if data.get("binary") is None else Binary(**data["binary"])
-        pins = tuple(Pin(**pin) for pin in data.get("pins") or ())
+        binary = None if binary_fields is None else Binary(**binary_fields)
+        pins = tuple(Pin(**pin) for pin in pin_fields)
     except TypeError as exc:
         raise ValueError("the sandbox is malformed") from exc
     if (binary is not None and not _typed(binary, str, int)) or not all(_typed(pin, str, int) for pin in pins):
         raise ValueError("the sandbox is malformed")
-    later = {name: data[name] for name in _LATER_FIELDS if name in data}
-    later["allow"] = tuple(data.get("allow") or ())
-    return Sandbox(data["mode"], data["network"], workspace, tuple(writable), binary, pins, **later)
+    checked = {name: data[name] for name in ("mode", "network", *_LATER_FIELDS) if name in data}
+    checked.update(workspace=workspace, writable=tuple(writable), binary=binary, pins=pins, allow=tuple(allow))
+    # Every value is checked above; _make takes them in the fields' order.
+    return Sandbox._make(checked.get(name, default) for name, default in Sandbox()._asdict().items())
 
 
 #: Fields a backend pins only when it takes them (a container's image): left out of the state when None.

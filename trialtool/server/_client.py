@@ -140,8 +140,8 @@ def control(action: str) -> dict[str, Any] | None:
         sock.close()
     if answer is not None and "other_world" in answer:
         return None  # that server is not this process's to control
-    if answer is not None and action == "stop":
-        _wait_gone(int(answer["pid"]))
+    if answer is not None and action == "stop" and isinstance(pid := answer.get("pid"), int):
+        _wait_gone(pid)
     return answer
 
 

@@ -203,7 +203,7 @@ class UserServer:
                 return
             request = frames.pop()
         if "control" in request:
-            conn.sendall(frame(self._control(request["control"])))
+            conn.sendall(frame(self._control(str(request["control"]))))
             return
         interrupt = RemoteInterrupt(conn)
         conn.sendall(frame({"accepted": True}))
@@ -317,8 +317,8 @@ def _watch(frames: Frames, interrupt: RemoteInterrupt) -> None:
         while True:
             # What already arrived first: a signal sent right behind the request is in the buffer.
             while (message := frames.pop()) is not None:
-                if isinstance(message.get("signal"), int):
-                    interrupt.fire(message["signal"], delivers=True)
+                if isinstance(signum := message.get("signal"), int):
+                    interrupt.fire(signum, delivers=True)
                 elif message.get("got") is True:
                     interrupt.got.set()
                     interrupt.settled.set()

@@ -30,7 +30,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import _socket
     from collections.abc import Mapping
-    from typing import Any, TypedDict
+    from typing import TypedDict
 
     class CallFrame(TypedDict):
         """A call as the CLI sends it: its flags, which the server reads as the CLI's own `request_of` would
@@ -204,14 +204,14 @@ class Frames:
         self.buffer += chunk
         return bool(chunk)
 
-    def pop(self) -> dict[str, Any] | None:
+    def pop(self) -> dict[str, object] | None:
         """The next whole message, if one has arrived."""
         if len(self.buffer) < 4:
             return None
         size = int.from_bytes(self.buffer[:4], "big")
         if len(self.buffer) < 4 + size:
             return None
-        message: dict[str, Any] = marshal.loads(bytes(self.buffer[4 : 4 + size]))
+        message: dict[str, object] = marshal.loads(bytes(self.buffer[4 : 4 + size]))
         del self.buffer[: 4 + size]
         return message
 

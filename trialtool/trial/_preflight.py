@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from .. import sandbox
 from ..errors import StorageError, UsageError
@@ -31,9 +31,9 @@ class Placed(NamedTuple):
 
     sandboxed: bool
     #: The record's `container`: the container that ran it (a container backend's word, Checked.where).
-    container: dict[str, Any] | None = None
+    container: dict[str, object] | None = None
     #: The record's `elsewhere`: where a harness ran it, as the harness said (Trial.acall_elsewhere).
-    elsewhere: dict[str, Any] | None = None
+    elsewhere: dict[str, object] | None = None
 
 
 class Preflight:

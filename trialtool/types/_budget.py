@@ -3,7 +3,7 @@ for when a budget is spent (`spent`, `refusal`), which the ledger, `Budget.exhau
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from ..ledger import TrialState
@@ -38,7 +38,7 @@ class Budget(NamedTuple):
         name = spent(self.calls_left, self.tokens_left, self.seconds_left)
         return None if name is None else BUDGETS[name][0]
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {**self._asdict(), "exhausted": self.exhausted}
 
 

@@ -12,7 +12,7 @@ import math
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from ..errors import UsageError
 from ..osio import os_text, plain
@@ -126,7 +126,7 @@ class Ran(NamedTuple):
     #: "exited"; "deadline": stopped at the call's deadline; "output_limit": the runner cut its output off.
     ended: str = "exited"
     #: Where it ran, for the call's record (`elsewhere`): such as {"sandbox": "docker"}.
-    where: Mapping[str, Any] = MappingProxyType({})
+    where: Mapping[str, object] = MappingProxyType({})
 
 
 #: Runs a command elsewhere within (seconds, bytes of each stream to keep); what it gave back.
@@ -150,14 +150,14 @@ class CallResult(NamedTuple):
     #: True when the delivered text is not all the command printed.
     output_truncated: bool
     #: The audit record as written to the log.
-    record: dict[str, Any]
+    record: dict[str, object]
     #: The trial's budget just after this call was recorded.
     budget: Budget
     #: The log's chain head just after this call was recorded. Kept outside the trial, it lets
     #: `trial-tool verify --expect-head` catch any record appended after it, keyed or not.
     head: str = ""
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         """The result as the front doors (serve, mcp) report it: everything but the audit record."""
         shown = self._asdict()
         del shown["record"]

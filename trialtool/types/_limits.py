@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ..errors import LimitMismatch, UsageError
 from ..osio import plain
@@ -137,24 +137,22 @@ def _check_number(name: str, raw: object) -> int | float:
 
 def validate(limits: Limits) -> Limits:
     """Return `limits` with numbers normalised, or raise UsageError naming the bad flag."""
-    fields: dict[str, Any] = {}
-    for name in BOUNDS:
-        fields[name] = _check_number(name, getattr(limits, name))
     if limits.clip not in CLIP_MODES:
         msg = f"--clip must be one of {', '.join(CLIP_MODES)}, not {plain(limits.clip)}"
         raise UsageError(msg)
-    fields["clip"] = limits.clip
-    return Limits(**fields)
+    checked = (_check_number(name, value) if name in BOUNDS else value for name, value in limits._asdict().items())
+    return Limits._make(checked)
 
 
-def from_overrides(overrides: dict[str, Any]) -> Limits:
+def from_overrides(overrides: dict[str, object]) -> Limits:
     """Defaults with `overrides` applied; unknown names are a UsageError (sandbox settings are not limits)."""
     overrides = {name: value for name, value in overrides.items() if name not in NOT_LIMITS}
     unknown = sorted(set(overrides) - set(Limits._fields))
     if unknown:
         msg = f"unknown limit {plain(unknown[0])}"
         raise UsageError(msg)
-    return validate(Limits()._replace(**overrides))
+    # Unchecked values in a Limits for a moment: validate checks every field before it leaves.
+    return validate(Limits._make(overrides.get(name, default) for name, default in Limits()._asdict().items()))
 
 
 def from_state(data: object) -> Limits:
@@ -165,7 +163,7 @@ def from_state(data: object) -> Limits:
     return validate(Limits(**data))
 
 
-def check_pinned(pinned: Limits, overrides: dict[str, Any]) -> None:
+def check_pinned(pinned: Limits, overrides: dict[str, object]) -> None:
     """Refuse a call whose explicitly passed limits differ from the pinned ones."""
     check_given(pinned, from_overrides(overrides), [name for name in overrides if name not in NOT_LIMITS])
 

@@ -125,7 +125,7 @@ def row(record: Mapping[str, object]) -> dict[str, object]:
     this loop is most of its time (docs/performance.md).
     """
     get = record.get
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for column, kind in _PLAIN:
         value = get(column)
         kind_of = type(value)

@@ -10,8 +10,6 @@ table has a row for each listed connection, keyed by (`trial_id`, `record`,
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..errors import TrialToolError
 from ..ledger import START
 from .calls import mapping, typed
@@ -61,12 +59,12 @@ def lines(network: dict[str, object]) -> list[str]:
     return [visible(line) for line in found]
 
 
-def _listed(network: dict[str, object], kind: str) -> list[dict[str, Any]]:
+def _listed(network: dict[str, object], kind: str) -> list[dict[str, object]]:
     entries = network.get(kind)
     return [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
 
 
-def rows(job: tuple[str, str, bool]) -> list[dict[str, Any]]:
+def rows(job: tuple[str, str, bool]) -> list[dict[str, object]]:
     """Every listed connection of one trial's calls, as rows of SCHEMA (an unreadable trial has none)."""
     from ..ledger import snapshot
     from .summary import records_of

@@ -92,7 +92,7 @@ def schema(with_text: bool) -> tuple[tuple[str, str], ...]:
     return (*TRIAL_SCHEMA, *call_rows.SCHEMA, *(TEXT_SCHEMA if with_text else ()))
 
 
-def _rows(job: tuple[str, str, bool]) -> list[dict[str, Any]]:
+def _rows(job: tuple[str, str, bool]) -> list[dict[str, object]]:
     from ..ledger import snapshot
     from .summary import records_of
 
@@ -133,8 +133,8 @@ def rows(
     *,
     with_text: bool = False,
     workers: int = 1,
-    of: Callable[[tuple[str, str, bool]], list[dict[str, Any]]] = _rows,
-) -> Iterator[dict[str, Any]]:
+    of: Callable[[tuple[str, str, bool]], list[dict[str, object]]] = _rows,
+) -> Iterator[dict[str, object]]:
     """Every call of every trial, trial by trial; `of` a trial's rows of another table (connections.rows)."""
     jobs = [(state, log, with_text) for state, log in pairs]
     if not jobs:
@@ -151,13 +151,13 @@ def rows(
             yield from batch
 
 
-def trial_rows(report: Report) -> Iterator[dict[str, Any]]:
+def trial_rows(report: Report) -> Iterator[dict[str, object]]:
     """One row of TRIALS_SCHEMA a trial, from a built report (flagged trials first)."""
     for summary in report.trials():
         integrity = summary["integrity"]
         limits = summary["limits"]
         labels = summary.get("labels") or {}
-        fairness = summary.get("fairness") or {}
+        fairness = summary.get("fairness")
         values = {
             **{name: limits.get(name) for name in Limits._fields},
             **{name: labels.get(name) for name in KNOWN_LABELS},
@@ -168,8 +168,8 @@ def trial_rows(report: Report) -> Iterator[dict[str, Any]]:
             "first_bad_sequence": integrity.get("first_bad_sequence"),
             "ended_by": summary["ended_by"],
             "in_flight": summary["in_flight"],
-            "fairness_group": fairness.get("group"),
-            "differs": fairness.get("differs") or {},
+            "fairness_group": fairness["group"] if fairness else None,
+            "differs": fairness["differs"] if fairness else {},
             "labels": labels,
             "score": summary.get("score"),
             "calls": summary["used"]["calls"],
@@ -193,7 +193,7 @@ def trial_rows(report: Report) -> Iterator[dict[str, Any]]:
         yield {name: call_rows.typed(kind, values.get(name)) for name, kind in TRIALS_SCHEMA}
 
 
-def write_jsonl(source: Iterator[dict[str, Any]], out: IO[str]) -> int:
+def write_jsonl(source: Iterator[dict[str, object]], out: IO[str]) -> int:
     count = 0
     for row in source:
         out.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -201,7 +201,7 @@ def write_jsonl(source: Iterator[dict[str, Any]], out: IO[str]) -> int:
     return count
 
 
-def write_csv(source: Iterator[dict[str, Any]], out: IO[str], columns: tuple[tuple[str, str], ...]) -> int:
+def write_csv(source: Iterator[dict[str, object]], out: IO[str], columns: tuple[tuple[str, str], ...]) -> int:
     writer = csv.DictWriter(out, fieldnames=[name for name, _ in columns])
     writer.writeheader()
     count = 0
@@ -212,7 +212,7 @@ def write_csv(source: Iterator[dict[str, Any]], out: IO[str], columns: tuple[tup
     return count
 
 
-def write_parquet(source: Iterator[dict[str, Any]], path: str, columns: tuple[tuple[str, str], ...]) -> int:
+def write_parquet(source: Iterator[dict[str, object]], path: str, columns: tuple[tuple[str, str], ...]) -> int:
     """Typed columns, written a batch at a time (pyarrow); timestamps as TIMESTAMP (UTC, microseconds)."""
     try:
         import pyarrow as pa  # type: ignore[import-untyped]

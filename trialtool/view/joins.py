@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import UsageError
 
@@ -47,7 +47,10 @@ def load_scores(path: str) -> Scores:
     table: dict[tuple[str, ...], float] = {}
     try:
         for row in rows:
-            table[tuple(str(row[name]) for name in by)] = float(row["score"])
+            score = row["score"]
+            if isinstance(score, bool) or not isinstance(score, int | float | str):
+                raise TypeError(f"a score of {score!r}")
+            table[tuple(str(row[name]) for name in by)] = float(score)
     except (KeyError, ValueError, TypeError) as exc:
         msg = f"scores {path}: every row needs a score, a number, and {', '.join(by)} ({exc})"
         raise UsageError(msg) from exc
@@ -63,7 +66,7 @@ def load_heads(path: str) -> dict[str, str]:
         raise UsageError(msg) from exc
 
 
-def _load_rows(path: str, what: str) -> list[dict[str, Any]]:
+def _load_rows(path: str, what: str) -> list[dict[str, object]]:
     """The rows of a CSV (with a header, or two columns: trial_id and the value) or JSON lines file."""
     try:
         with open(path, encoding="utf-8", newline="") as handle:

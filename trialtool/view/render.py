@@ -191,15 +191,15 @@ def trial_row(summary: Summary, base: str | None = None) -> dict[str, Any]:
             path = os.path.relpath(path, base)
         except ValueError:
             pass
-    fairness = summary.get("fairness") or {}
+    fairness = summary.get("fairness")
     return {
         "trial": path,
         "trial_id": summary["trial_id"],
         "labels": labels_text(summary.get("labels") or {}),
         "integrity": summary["integrity"]["verdict"],
         "why": summary["integrity"].get("why", ""),
-        "fairness_group": fairness.get("group", ""),
-        "differs": differs_text(fairness.get("differs") or {}),
+        "fairness_group": fairness["group"] if fairness else "",
+        "differs": differs_text(fairness["differs"] if fairness else {}),
         "calls": summary["used"]["calls"],
         "tokens": summary["used"]["tokens"],
         "seconds": summary["used"]["seconds"],

@@ -21,14 +21,14 @@ import time
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import IO, Any
+from typing import IO, Any, NotRequired, TypedDict
 
 from ..errors import UsageError
 from ..ledger import START
 from . import summary as summaries
 from .calls import Replayer, command_text, mapping
 from .joins import Scores
-from .summary import Summary
+from .summary import Group, Summary
 
 #: Trials a worker takes at a time: large enough to keep the pipe busy, small enough for a smooth progress bar.
 _CHUNK = 32
@@ -47,10 +47,10 @@ class Report:
     def __init__(
         self,
         spool: IO[bytes],
-        overview: dict[str, Any],
+        overview: dict[str, Any],  # a JSON document for the views, built in this module
         flagged: set[int],
         rule_of: array[int] | None = None,
-        groups: dict[int, dict[str, Any]] | None = None,
+        groups: dict[int, Group] | None = None,
     ) -> None:
         self._spool = spool
         self.overview = overview
@@ -104,7 +104,7 @@ def _work(job: tuple[str, str, bytes | None, bool]) -> Summary:
 _REPLAYER: Replayer | None = None
 
 
-def _call_entry(record: Mapping[str, object]) -> dict[str, Any]:
+def _call_entry(record: Mapping[str, object]) -> dict[str, object]:
     """One call as the HTML report shows it: timing, outcome, tokens, and the start of what was delivered."""
     global _REPLAYER
     if _REPLAYER is None:
@@ -239,7 +239,7 @@ def build(
     majority_index = order[majority]
     flagged = {index for index, rule in enumerate(keys) if rule != majority_index}
     fairness = _fairness(rules, majority)
-    groups = {order[majority]: {"group": 1, "differs": {}}}
+    groups: dict[int, Group] = {order[majority]: {"group": 1, "differs": {}}}
     for other in fairness["others"]:
         groups[order[other.pop("rule")]] = {"group": other["group"], "differs": other["differs"]}
     overview = {
@@ -275,10 +275,23 @@ def _count_connections(network: Counter[str], summary: Summary) -> None:
     network["trials_with_denials"] += counted.get("denied", 0) > 0
 
 
-def _fairness(rules: Counter[str], majority: str) -> dict[str, Any]:
+class _Other(TypedDict):
+    group: int
+    trials: int
+    differs: dict[str, list[object]]
+    rule: NotRequired[str]
+
+
+class _Fairness(TypedDict):
+    same_rules: bool
+    majority: dict[str, object]
+    others: list[_Other]
+
+
+def _fairness(rules: Counter[str], majority: str) -> _Fairness:
     """The majority's rules, and each other set of rules with how it differs and how many trials hold it."""
     base = json.loads(majority)
-    others: list[dict[str, Any]] = []
+    others: list[_Other] = []
     for rule, count in rules.most_common():
         if rule == majority:
             continue
@@ -287,11 +300,12 @@ def _fairness(rules: Counter[str], majority: str) -> dict[str, Any]:
     return {"same_rules": not others, "majority": {"group": 1, "trials": rules[majority], **base}, "others": others}
 
 
-def _differences(base: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+def _differences(base: dict[str, object], theirs: dict[str, object]) -> dict[str, list[object]]:
     """field -> [majority's value, theirs], over limits, sandbox and tokenizer."""
-    found: dict[str, Any] = {}
+    found: dict[str, list[object]] = {}
     for group in ("limits", "sandbox"):
-        mine, other = base.get(group) or {}, theirs.get(group) or {}
+        mine, other = base.get(group), theirs.get(group)
+        mine, other = mine if isinstance(mine, dict) else {}, other if isinstance(other, dict) else {}
         for name in sorted(set(mine) | set(other)):
             if mine.get(name) != other.get(name):
                 found[f"{group}.{name}"] = [mine.get(name), other.get(name)]

@@ -12,12 +12,31 @@ import json
 import math
 import os
 from collections import Counter
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 from ..errors import StateError, TrialToolError
 from ..ledger import GRADING, REFUSED, REPAIR, START, TrialState, audit, decode, liveness, snapshot, verify, whole
 from ..types import LATER_FIELDS, Limits, budget
 from .calls import mapping, typed
+
+
+class Integrity(TypedDict):
+    """`verify`'s verdict for a trial, why, and where the first bad record is."""
+
+    verdict: str
+    why: NotRequired[str]
+    first_bad_sequence: NotRequired[int | None]
+    line: NotRequired[int | None]
+    first_bad_record: NotRequired[int | None]
+    #: Against the head the harness kept (report given --heads).
+    head: NotRequired[str]
+
+
+class Group(TypedDict):
+    """A trial's group of rules in a report (1: the majority's), and how its rules differ from the majority's."""
+
+    group: int
+    differs: dict[str, list[object]]
 
 
 class Used(TypedDict):
@@ -46,9 +65,9 @@ class Summary(TypedDict):
     first_call_at_utc: NotRequired[object]
     last_call_at_utc: NotRequired[object]
     keyed: bool
-    limits: dict[str, Any]
+    limits: dict[str, object]
     #: The sandbox's rules, which the fairness check compares: mode, network, image, allowlist, user.
-    sandbox: dict[str, Any]
+    sandbox: dict[str, object]
     sandbox_fallback: str | None
     tokenizer: list[str]
     used: Used
@@ -62,14 +81,14 @@ class Summary(TypedDict):
     head: object
     log_head: NotRequired[str | None]
     #: `verify`'s verdict, its reasons, and (report) against the head the harness kept.
-    integrity: dict[str, Any]
+    integrity: Integrity
     #: What is left of each budget when read (`now`: status, not report).
-    left: NotRequired[dict[str, Any]]
+    left: NotRequired[dict[str, object]]
     #: The benchmark's score (report and export given --scores).
     score: NotRequired[float]
     #: Report's page: the calls it embeds; and the trial's group of rules, and how they differ from the majority's.
-    calls: NotRequired[list[dict[str, Any]]]
-    fairness: NotRequired[dict[str, Any]]
+    calls: NotRequired[list[dict[str, object]]]
+    fairness: NotRequired[Group]
 
 
 def records_of(log: bytes) -> list[dict[str, object]]:
@@ -109,13 +128,13 @@ def _state(taken: snapshot.Snapshot, state_path: str, key: bytes | None) -> tupl
         return None, raw
 
 
-def _integrity(report: verify.Report, in_progress: bool) -> dict[str, object]:
+def _integrity(report: verify.Report, in_progress: bool) -> Integrity:
     """The trial's verdict (ledger/_verify.py's, one word for every graders' command), why, and where."""
     if in_progress and report.verdict in ("failed", "unconfirmed"):
         # The files changed while they were read, or a call's owner is recording it now.
         why = report.why or "a call is being recorded"
         return {"verdict": "in_flight", "why": f"a call is running or being recorded ({why})"}
-    integrity: dict[str, Any] = {"verdict": report.verdict}
+    integrity: Integrity = {"verdict": report.verdict}
     if report.why:
         integrity["why"] = report.why
     if report.verdict == "failed":
@@ -293,7 +312,7 @@ def unreadable(state_path: str, log_path: str, why: str) -> Summary:
 
 
 def _left(
-    state: TrialState | None, limits: dict[str, Any], calls: int, tokens: int, seconds: float
+    state: TrialState | None, limits: dict[str, object], calls: int, tokens: int, seconds: float
 ) -> dict[str, object]:
     """What is left of each budget at the moment of reading (trial time runs between calls too)."""
     if state is not None:

@@ -178,7 +178,7 @@ class CallNetwork:
             self.proxy = Proxy(listener, self.allow, self.started)
         return status
 
-    def finish(self) -> dict[str, Any] | None:
+    def finish(self) -> dict[str, object] | None:
         """What the call's network did (the record's `network`), once the command's tree is gone."""
         return None if self.proxy is None else self.proxy.finish()
 

@@ -32,7 +32,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from .. import _egress as egress
 
@@ -73,8 +72,8 @@ class Proxy:
         self.resolve = resolve or system_resolve
         self.listener, self.started = listener, started
         self.lock = threading.Lock()
-        self.allowed: list[dict[str, Any]] = []
-        self.denied: list[dict[str, Any]] = []
+        self.allowed: list[dict[str, object]] = []
+        self.denied: list[dict[str, object]] = []
         self.allowed_count = self.denied_count = self.sent = self.received = 0
         self.open: set[socket.socket] = set()
         self.handlers: set[threading.Thread] = set()
@@ -161,7 +160,7 @@ class Proxy:
             if len(self.denied) < egress.LISTED:
                 self.denied.append(entry)
 
-    def _connect(self, where: str | egress.IPAddress, port: int, via: str) -> tuple[socket.socket, dict[str, Any]]:
+    def _connect(self, where: str | egress.IPAddress, port: int, via: str) -> tuple[socket.socket, dict[str, object]]:
         """The connection to `where` (a checked name or address) on `port` if the rules allow it, and its entry.
 
         The name the rules were asked about is the very string resolved; the
@@ -185,7 +184,7 @@ class Proxy:
                 self._deny(host, port, code, via, host)
                 raise Refused(code)
             candidates = [where]
-        entry: dict[str, Any] = {"host": host, "port": port, "address": None, "via": via}
+        entry: dict[str, object] = {"host": host, "port": port, "address": None, "via": via}
         entry.update(sent=0, received=0, seconds=0.0, at=self._now())
         with self.lock:
             self.allowed_count += 1
@@ -213,7 +212,7 @@ class Proxy:
         raise Refused("unreachable", 504 if isinstance(error, TimeoutError) else 502)
 
     def _relay(
-        self, client: socket.socket, upstream: socket.socket, entry: dict[str, Any], begun: float, sent: int = 0
+        self, client: socket.socket, upstream: socket.socket, entry: dict[str, object], begun: float, sent: int = 0
     ) -> None:
         """Copy both ways until the far end is done; the bytes counted into `entry`, after the `sent` already."""
         client.settimeout(None)
