@@ -5,6 +5,7 @@
     python scripts/bench.py --trials DIR [--replicate K]    # the graders' view over real trials
     python scripts/bench.py --docker                         # the container backends' figures only
     python scripts/bench.py --egress                         # the egress allowlist's figures only
+    python scripts/bench.py --along                          # a call along a long trial, and its phases
 
 
 Prints, for each case, the bare command's median wall time, trial-tool's, the
@@ -13,7 +14,10 @@ a cold CLI call with no output at most 80 ms over bare; a call with output
 pays for the encoder once and tokenizes once; the per-call overhead of a warm
 front door over a bare `subprocess.run` of `echo hello` in the same process:
 the API at most 5 ms, `serve` 10 ms, an MCP tool call 20 ms; the bwrap
-sandbox at most 15 ms over no sandbox, warm; `--network allow` at most 2 ms
+sandbox at most 15 ms over no sandbox, warm; a warm API call of `true` or
+`echo hello` at most 5 ms over a bare spawn of it (10 ms under bwrap), with
+where it goes step by step; the last 10 calls of a long trial within 1.1x of
+its first 10; `--network allow` at most 2 ms
 over `--network none` for a call that makes no connection (its connections
 and downloads through the proxy are measured against `--network host`
 direct, without a target). A call's stdin and merged output,
@@ -801,6 +805,118 @@ def ledger_figures(tool: str, work: Path, python: str) -> None:
     print(f"  reserve + commit, in process (lock, checks, 3 fsyncs): {float(done.stdout):.2f} ms a call")
 
 
+# Runs in a fresh interpreter: long warm trials (`--sandbox none`) whose calls all print the same
+# output; each call's wall time, then `verify` of the whole trial. Prints JSON: case -> figures.
+_ALONG = r"""
+import json, os, subprocess, sys, tempfile, time
+from pathlib import Path
+from trialtool import Trial
+root = Path(tempfile.mkdtemp(dir=sys.argv[1]))
+blob = root / "blob"
+text = "".join(f"line {i:05d} of what a test run or a file view prints\n" for i in range(6000))
+blob.write_text(text * 2)
+out = {}
+for calls, size in ((400, 20_000), (100, 262_144)):
+    name = f"{calls} calls of {size // 1024} KiB"
+    limits = {"max_calls": calls, "max_tokens": 10**9, "sandbox": "none", "max_capture_bytes": 1 << 20}
+    state, log = root / f"{calls}.json", root / f"{calls}.jsonl"
+    with Trial(state, log, limits=limits) as trial:
+        times, argv = [], ["head", "-c", str(size), str(blob)]
+        for _ in range(calls):
+            t = time.perf_counter(); trial.run(argv); times.append(time.perf_counter() - t)
+    started = time.perf_counter()
+    verified = subprocess.run([sys.argv[2], "verify", "--state", str(state), "--log", str(log), "--strict"],
+                              capture_output=True)
+    out[name] = {"times": times, "log_bytes": os.path.getsize(log), "verify": time.perf_counter() - started,
+                 "verify_exit": verified.returncode}
+print(json.dumps(out))
+"""
+
+# Runs in a fresh interpreter: where a warm `true` goes (`--sandbox none`, and bwrap where it runs),
+# each step timed by wrapping it here, in the bench; the product is not changed. Prints JSON.
+_PHASES = r"""
+import json, os, statistics, subprocess, sys, tempfile, time
+from pathlib import Path
+from trialtool import Trial
+from trialtool.process import _launcher
+runs, sandboxed = int(sys.argv[1]), sys.argv[2] == "1"
+root = Path(tempfile.mkdtemp(dir=sys.argv[3]))
+(root / "ws").mkdir()
+spent = {}
+def timed(name, function):
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+    return wrapper
+os.fsync = timed("fsync (all)", os.fsync)
+_launcher.Launcher.run = timed("run: the supervisor and the command", _launcher.Launcher.run)
+out = {}
+for mode in ("none", "bwrap") if sandboxed else ("none",):
+    limits = {"max_calls": 10**6, "max_tokens": 10**9, "sandbox": mode, "workspace": str(root / "ws")}
+    with Trial(root / f"{mode}.json", root / f"{mode}.jsonl", limits=limits) as trial:
+        trial.ledger.reserve = timed("reserve (lock, checks, charge)", trial.ledger.reserve)
+        trial.ledger.commit = timed("commit (lock, record, state)", trial.ledger.commit)
+        for argv in (["true"], ["echo", "hello"]):
+            for _ in range(5):
+                trial.run(argv)
+                subprocess.run(argv, capture_output=True)
+            bare, tooled = [], []
+            spent.clear()
+            for _ in range(runs):
+                t = time.perf_counter(); subprocess.run(argv, capture_output=True); bare.append(time.perf_counter() - t)
+                t = time.perf_counter(); trial.run(argv); tooled.append(time.perf_counter() - t)
+            out[f"{mode} {' '.join(argv)}"] = {
+                "bare": statistics.median(bare), "call": statistics.median(tooled),
+                "mean": statistics.fmean(tooled), "phases": {k: v / runs for k, v in spent.items()},
+            }
+print(json.dumps(out))
+"""
+
+#: The last 10 calls of a long trial against its first 10.
+TARGET_GROWTH = 1.1
+#: A warm call over a bare spawn of the same command (ms): --sandbox none, bwrap.
+TARGET_WARM_CALL_MS = {"none": 5.0, "bwrap": 10.0}
+
+
+def along_figures(tool: str, work: Path, python: str, runs: int) -> None:
+    """A call's cost along a long trial (first 10 against last 10), `verify` of it, and a warm call's phases."""
+    print("\na call along a trial, warm API, --sandbox none, median ms of 10 calls:")
+    done = subprocess.run([python, "-c", _ALONG, str(work), tool], capture_output=True, text=True, check=True)
+    print(f"  {'trial':<24}{'log MiB':>8}{'calls 1-10':>12}{'last 10':>9}{'growth':>8}{'verify s':>10}")
+    for name, figures in json.loads(done.stdout).items():
+        times = figures["times"]
+        first, last = statistics.median(times[:10]), statistics.median(times[-10:])
+        verdict = "meets" if last / first <= TARGET_GROWTH else "MISSES"
+        verified = "" if figures["verify_exit"] == 0 else f" (exit {figures['verify_exit']})"
+        print(
+            f"  {name:<24}{figures['log_bytes'] / 2**20:>8.1f}{first * 1000:>12.1f}{last * 1000:>9.1f}"
+            f"{last / first:>7.2f}x{figures['verify']:>10.2f}{verified}  {verdict} {TARGET_GROWTH}x"
+        )
+    sandboxed = "1" if sandbox_unavailable() is None else "0"
+    done = subprocess.run(
+        [python, "-c", _PHASES, str(runs * 4), sandboxed, str(work)], capture_output=True, text=True, check=True
+    )
+    print("\nwhere a warm call goes (API, median ms; phases are means, timed by wrapping each step):")
+    for case, figures in json.loads(done.stdout).items():
+        mode = case.split()[0]
+        over = (figures["call"] - figures["bare"]) * 1000
+        target = TARGET_WARM_CALL_MS[mode]
+        verdict = "meets" if over <= target else "MISSES"
+        print(
+            f"  {case:<18} bare {figures['bare'] * 1000:5.2f}  call {figures['call'] * 1000:5.2f}"
+            f"  +{over:.2f}  {verdict} +{target:.0f}"
+        )
+        accounted = 0.0
+        for phase, seconds in figures["phases"].items():
+            if phase != "fsync (all)":
+                accounted += seconds
+            print(f"    {phase:<40}{seconds * 1000:6.2f}")
+        print(f"    {'the rest (request, clipping, result)':<40}{(figures['mean'] - accounted) * 1000:6.2f}")
+
+
 def tree_peak(argv: list[str]) -> tuple[float, float, int]:
     """(seconds, peak MB of the process and all its children together, exit code) of `argv`."""
     import psutil
@@ -869,7 +985,13 @@ def main() -> int:
     parser.add_argument("--replicate", type=int, default=1, help="with --trials: also over K hard-linked copies")
     parser.add_argument("--docker", action="store_true", help="only the container backends' figures (docker, podman)")
     parser.add_argument("--egress", action="store_true", help="only the egress allowlist's figures")
+    parser.add_argument("--along", action="store_true", help="only a call's cost along a long trial, and its phases")
     args = parser.parse_args()
+    if args.along:
+        work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))
+        along_figures(args.trial_tool, work, sys.executable, args.runs)
+        shutil.rmtree(work)
+        return 0
     if args.docker or args.egress:
         work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))
         if args.docker:
@@ -941,6 +1063,7 @@ def main() -> int:
     trust_figures(python, args.runs)
     server_figures(tool, work, python, args.runs)
     ledger_figures(tool, work, python)
+    along_figures(tool, work, python, args.runs)
     print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")
     for module in ("trialtool.doors.cli", "tiktoken", "psutil", "filelock"):
         cost = import_ms(python, module)

@@ -1,4 +1,5 @@
-"""The small OS chores every room shares: write a whole buffer, make a directory, and OS text.
+"""The small OS chores every room shares: write a whole buffer, make a directory, tell a process from a
+later one reusing its pid, and OS text.
 
 OS text: arguments, paths and environment values may hold any bytes but NUL.
 Python hands them over as str with undecodable bytes as surrogate escapes
@@ -152,18 +153,54 @@ def os_bytes(value: str) -> bytes:
         return value.encode("utf-8", "replace")
 
 
+def process_token(pid: int) -> str | None:
+    """Something that tells a live process from a later one reusing its pid; None if there is none.
+
+    On Linux, the start time in clock ticks since boot (field 22 of /proc/PID/stat);
+    elsewhere psutil's create time, imported only on that path.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        # Fields after the command name, which may itself hold spaces and parentheses.
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] == b"Z":
+            return None  # a zombie has finished; only its parent's wait is missing
+        return fields[19].decode()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        pass  # no procfs (macOS)
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return f"{process.create_time():.3f}"
+    except psutil.Error:
+        return None
+
+
+def alive(pid: int, recorded: str | None) -> bool:
+    """True when `pid` is the very process whose token was `recorded`."""
+    return recorded is not None and process_token(pid) == recorded
+
+
 def shown(value: str) -> str:
     """`value` as text a person or a strict JSON parser can take: bytes that are not UTF-8 become U+FFFD."""
     return value if value.isascii() else os_bytes(value).decode("utf-8", "replace")
 
 
 __all__ = [
+    "alive",
     "ensure_directory",
     "make_undumpable",
     "os_bytes",
     "os_text",
     "plain",
     "prctl",
+    "process_token",
     "require_directory",
     "reserve",
     "shown",

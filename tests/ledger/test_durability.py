@@ -23,9 +23,10 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from tests.conftest import TrialFiles, marked, wait_until
 from trialtool import BudgetExhausted, StorageError, Trial
-from trialtool.ledger import Settings, clock, durable, liveness
+from trialtool.ledger import Settings, clock, durable
 from trialtool.ledger._ledger import Ledger
 from trialtool.ledger._verify import verify
+from trialtool.osio import process_token
 
 EXAMPLES = int(os.environ.get("TRIALTOOL_HYPOTHESIS_EXAMPLES", "150"))
 
@@ -231,7 +232,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.root = Path(tempfile.mkdtemp(prefix="trialtool-machine-"))
         self.state, self.log = self.root / "s.json", self.root / "l.jsonl"
         self.limits = {"max_calls": 6, "max_tokens": 40, "max_call_tokens": 15, "call_timeout": 0.01}
-        live = (os.getpid(), liveness.token(os.getpid()))
+        live = (os.getpid(), process_token(os.getpid()))
         self.live = Ledger(self.state, self.log, owner=live)
         self.dead = Ledger(self.state, self.log, owner=(os.getpid(), "a-process-that-died"))
         self.calls = self.emitted = self.refused = 0

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from . import _audit as audit
     from . import _clock as clock
     from . import _durable as durable
-    from . import _liveness as liveness
     from . import _records as records
     from . import _snapshot as snapshot
     from . import _verify as verify
@@ -44,7 +43,6 @@ _FACE = {
     "GRADING_ALLOWANCE": "_records",
     "key_from_environ": "_keys",
     "Ledger": "_ledger",
-    "liveness": "_liveness",
     "read_key_file": "_keys",
     "records": "_records",
     "REFUSED": "_records",
@@ -80,7 +78,6 @@ __all__ = [
     "decode",
     "durable",
     "key_from_environ",
-    "liveness",
     "read_key_file",
     "records",
     "snapshot",

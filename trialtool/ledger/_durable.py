@@ -274,7 +274,30 @@ def stamp(path: str) -> list[int] | None:
         info = os.stat(path)
     except OSError:
         return None
+    return _stamp_of(info)
+
+
+def _stamp_of(info: os.stat_result) -> list[int]:
     return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+def stamped_range(path: str, start: int, end: int) -> tuple[list[int], bytes] | None:
+    """The file's stamp and its bytes from `start` to `end`, both of the one file opened (None if absent)."""
+    try:
+        fd = open_own(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        found = _stamp_of(os.fstat(fd))
+        chunks, at = [], start
+        while at < end and (chunk := os.pread(fd, min(end - at, 1 << 20), at)):
+            chunks.append(chunk)
+            at += len(chunk)
+        return found, b"".join(chunks)
+    except OSError as exc:
+        raise _fail("read", path, exc) from exc
+    finally:
+        os.close(fd)
 
 
 def truncate(path: str, size: int) -> None:
@@ -325,6 +348,7 @@ __all__ = [
     "release_tail",
     "reserve_tail",
     "stamp",
+    "stamped_range",
     "touch",
     "truncate",
 ]

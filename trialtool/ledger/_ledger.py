@@ -23,13 +23,12 @@ import time
 from collections.abc import Callable
 
 from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, UsageError
-from ..osio import plain, require_directory
+from ..osio import plain, process_token, require_directory
 from ..sandbox import PinSandbox
 from ..types import FLAG_OF, budget
 from . import _audit as audit
 from . import _clock as clock
 from . import _durable as durable
-from . import _liveness as liveness
 from . import _mending as mending
 from . import _records as records
 from . import _reservation as reservation_of
@@ -101,7 +100,7 @@ class Ledger:
     @property
     def owner(self) -> tuple[int, str | None]:
         if self._owner is None:
-            self._owner = (os.getpid(), liveness.token(os.getpid()))
+            self._owner = (os.getpid(), process_token(os.getpid()))
         return self._owner
 
     def _lock(self, cancelled: Callable[[], None] | None = None) -> LedgerLock:

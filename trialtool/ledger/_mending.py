@@ -13,10 +13,10 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import StateError
+from ..osio import alive, process_token
 from . import _audit as audit
 from . import _clock as clock
 from . import _durable as durable
-from . import _liveness as liveness
 from . import _records as records
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def sweep_temporaries(state_path: str) -> None:
         return
     for entry in names:
         parts = entry[len(prefix) :].split(".")
-        if len(parts) == 3 and parts[2] == "tmp" and parts[0].isdigit() and liveness.token(int(parts[0])) is None:
+        if len(parts) == 3 and parts[2] == "tmp" and parts[0].isdigit() and process_token(int(parts[0])) is None:
             try:
                 os.unlink(os.path.join(directory, entry))
             except OSError:
@@ -81,7 +81,7 @@ def recover_abandoned(
     charged, nothing delivered, allowance released, and what their commands left running stopped."""
     for sequence in sorted(state.in_flight):
         entry = state.in_flight[sequence]
-        if sequence not in abandoned and liveness.alive(entry.pid, entry.pid_token):
+        if sequence not in abandoned and alive(entry.pid, entry.pid_token):
             continue  # its owner is alive and still running it
         abandoned.discard(sequence)
         killed = 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
+from ..osio import process_token
 from ..types import Limits
 from . import _clock as clock
-from . import _liveness as liveness
 from ._records import GRADING_ALLOWANCE
 from ._state import InFlight, TrialState
 
@@ -61,7 +61,7 @@ def charge(
         pid=owner[0],
         pid_token=owner[1],
         supervisor=supervisor,
-        supervisor_token=liveness.token(supervisor) if supervisor else None,
+        supervisor_token=process_token(supervisor) if supervisor else None,
         allowance=allowance,
         command=command,
         started_at_utc=clock.utc(now),

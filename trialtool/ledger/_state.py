@@ -67,6 +67,7 @@ class TrialState:
         "limits",
         "log",
         "log_path",
+        "log_stamp",
         "rank_file",
         "refused_calls",
         "sandbox",
@@ -97,6 +98,7 @@ class TrialState:
         connections_allowed: int = 0,
         connections_denied: int = 0,
         final_used: bool = False,
+        log_stamp: list[int] | None = None,
     ) -> None:
         self.trial_id = trial_id
         #: How the log is chained and the state sealed: "sha256", or "hmac-sha256" with a key.
@@ -115,6 +117,9 @@ class TrialState:
         self.elapsed_seconds = elapsed_seconds
         self.in_flight: dict[int, InFlight] = {} if in_flight is None else in_flight
         self.log = audit.LogHead() if log is None else log
+        #: What stat said of the log when this state was written (durable.stamp), under the lock:
+        #: a call that finds the log so need not read it (docs/integrity.md, "What each call checks").
+        self.log_stamp = log_stamp
         #: The rank file verified for this trial and its stamp, so it is not hashed on every call.
         self.rank_file = rank_file
         #: The sandbox pinned at creation (none for a trial older than sandboxes).
@@ -183,7 +188,7 @@ class TrialState:
             "elapsed_seconds": self.elapsed_seconds,
             "clock": self.clock,
             "in_flight": {str(sequence): entry._asdict() for sequence, entry in self.in_flight.items()},
-            "log": self.log._asdict(),
+            "log": {**self.log._asdict(), **({"stamp": self.log_stamp} if self.log_stamp is not None else {})},
         }
         if self.rank_file is not None:
             document["rank_file"] = self.rank_file
@@ -281,6 +286,11 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
         head = audit.LogHead(int(log["records"]), int(log["bytes"]), str(log["head"]), int(log["last_offset"]))
     except (TypeError, KeyError, ValueError) as exc:
         raise bad("log binding is missing or malformed") from exc
+    stamp = log.get("stamp")
+    if stamp is not None and not (
+        isinstance(stamp, list) and len(stamp) == 5 and all(type(value) is int for value in stamp)
+    ):
+        raise bad("the log's stamp is malformed")
     try:
         sandbox = sandbox_from_state(data.get("sandbox"))
     except ValueError as exc:
@@ -321,6 +331,7 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
         connections_allowed=data.get("connections_allowed", 0),
         connections_denied=data.get("connections_denied", 0),
         final_used=final_used,
+        log_stamp=stamp,
     )
 
 

@@ -48,8 +48,6 @@ class Store:
         self.chain = chain
         #: What pins a new trial's sandbox on this machine (the sandbox room's `pin`); None: none can run.
         self.pin_sandbox = pin_sandbox
-        #: (log stamp, head, last record's summary) as this process last wrote or checked the log.
-        self._trusted: tuple[list[int], audit.LogHead, dict[str, object] | None] | None = None
 
     def load(self) -> TrialState | None:
         """The validated state, or None when the trial does not exist yet."""
@@ -57,6 +55,9 @@ class Store:
         return None if raw is None else decode(raw, self.state_path, self.chain)
 
     def write(self, state: TrialState, *, sync_directory: bool = False) -> None:
+        # The log as it is now, under the lock, after this step's append and its space taken or
+        # given back: the next open that finds it so knows it is the log this state was written against.
+        state.log_stamp = durable.stamp(self.log_path)
         # The directory is not fsynced after a call's writes (see "Durability" in the
         # module docstring): the log is, and a state one step behind it is mended.
         durable.atomic_write(self.state_path, encode(state, self.chain), sync_directory=sync_directory)
@@ -69,7 +70,6 @@ class Store:
             record["sandbox"] = state.sandbox.mode  # type: ignore[typeddict-unknown-key]  # a call's, by its type
         record["ledger_after"] = state.totals().as_json()
         state.log = audit.append(self.log_path, record, state.log, self.chain, claim=claim)
-        self._trust(state.log, record)
 
     def claim(self, state: TrialState) -> None:
         """Bind the log to this trial with its first record, before the trial's first command runs.
@@ -93,27 +93,25 @@ class Store:
         )
         self.append(state, record, claim=True)
 
-    def _trust(self, head: audit.LogHead, last: Mapping[str, object] | None) -> None:
-        """Remember the log as this process last wrote or checked it, stamp and all."""
-        stamp = durable.stamp(self.log_path)
-        summary = None if last is None else {"trial_id": last.get("trial_id"), "ledger_after": last.get("ledger_after")}
-        self._trusted = None if stamp is None else (stamp, head, summary)
+    def unchanged(self, state: TrialState) -> bool:
+        """Whether the log is exactly as it was when `state` was written, and its last record states the
+        state's totals: then there is nothing to walk and nothing to mend, in time that does not grow with the log.
 
-    def _read_tail(self, head: audit.LogHead) -> audit.Tail:
-        """The log's tail, checked; the whole chain is walked unless the log is exactly as this process left it.
-
-        "Exactly": same device, inode, size, mtime and ctime (which no unprivileged
-        process can set back), against the same head. A long-lived process (the
-        API, `serve`) then skips re-reading a log it wrote itself; a CLI call, or a
-        log touched by anyone else in between, gets the full walk.
+        "Exactly": the same device, inode, size, mtime and ctime. Any write, cut,
+        rename over or copy in changes one of them, and no unprivileged process can
+        set a ctime back. The last record is read to hold the state to it, as a walk
+        does (an edited or rolled-back state). What this cannot see is said in
+        docs/integrity.md ("What each call checks").
         """
-        trusted = self._trusted
-        if trusted is not None and trusted[1] == head and trusted[0] == durable.stamp(self.log_path):
-            return audit.Tail(trusted[2], b"")
-        tail = audit.read_tail(self.log_path, head, self.chain)
-        if not tail.extra:
-            self._trust(head, tail.last)
-        return tail
+        head, stamp = state.log, state.log_stamp
+        if stamp is None or stamp[2] != head.bytes:
+            return False
+        if head.records == 0:
+            return durable.stamp(self.log_path) == stamp and state.totals() == records.Totals()
+        found = durable.stamped_range(self.log_path, head.last_offset, head.bytes)
+        if found is None or found[0] != stamp:
+            return False
+        return audit.states(found[1], state.trial_id, state.totals().as_json())
 
     def new_state(
         self, limits: Limits, pinned: sandbox.Sandbox = sandbox.UNSANDBOXED, given: dict[str, str] | None = None
@@ -147,7 +145,9 @@ class Store:
         labels.check_pinned(state.labels, None if settings.labels is None else dict(settings.labels))
         limit_rules.check_given(state.limits, settings.limits, settings.given)
         sandbox.check_pinned(state.sandbox, settings.sandbox)
-        tail = self._read_tail(state.log)
+        if self.unchanged(state):
+            return state  # otherwise the whole chain is walked, and the state held to its last record
+        tail = audit.read_tail(self.log_path, state.log, self.chain)
         last: Mapping[str, object] | None = tail.last
         if tail.extra:
             last = self._mend(state, tail.extra) or last

@@ -27,9 +27,8 @@ import os
 from typing import NamedTuple
 
 from ..errors import StateError, StorageError
-from ..osio import plain
+from ..osio import alive, plain
 from . import _audit as audit
-from . import _liveness as liveness
 from . import _snapshot as snapshot
 from ._records import START, Totals, apply, whole
 from ._state import TrialState, decode
@@ -182,7 +181,7 @@ def _away_from(steps: list[_Step], expected: str) -> str:
 
 def _in_flight(state: TrialState) -> list[dict[str, object]]:
     return [
-        {"sequence": sequence, "owner": "running" if liveness.alive(entry.pid, entry.pid_token) else "gone"}
+        {"sequence": sequence, "owner": "running" if alive(entry.pid, entry.pid_token) else "gone"}
         for sequence, entry in sorted(state.in_flight.items())
     ]
 

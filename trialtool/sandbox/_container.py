@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import SandboxError, UsageError
-from ..osio import plain
+from ..osio import alive, plain, process_token
 from ..types import Limits
 from . import _engine as engine
 from . import _seccomp as seccomp
@@ -85,8 +85,24 @@ class Started(NamedTuple):
     """The trial's container as a call found it: its name and id, and why it was made now (None: it was running)."""
 
     name: str
+    #: The engine's whole id for it: a call's exec and stops name it by this, never by its name again.
     id: str
     made: str | None
+
+
+def _first_process(seen: engine.Seen) -> tuple[int, str] | None:
+    """The container's first process as this machine numbers it, with its token: None unless /proc shows
+    a process whose cgroup names the container (an engine in another pid namespace numbers its own)."""
+    if seen.pid <= 0 or len(seen.id) < 64:
+        return None
+    token = process_token(seen.pid)
+    try:
+        with open(f"/proc/{seen.pid}/cgroup", "rb") as handle:
+            named = seen.id.encode() in handle.read()
+    except OSError:
+        return None
+    # The same token after the read: the cgroup read was that very process's.
+    return (seen.pid, token) if named and token is not None and process_token(seen.pid) == token else None
 
 
 def name_of(trial_id: str) -> str:
@@ -149,6 +165,9 @@ class Container:
         self.log_path = os.path.abspath(log_path)
         #: The container gets the caller's own open-files and process limits where the trial sets none.
         self.caller_limits = caller_limits
+        #: The trial's container as the engine last found it running and the trial's, and its first
+        #: process then (pid, start time): while that very process lives, so does that container.
+        self._running: tuple[str, Started, int, str] | None = None
 
     #: What runs in the container besides its own two processes must be the call's.
     one_at_a_time = True
@@ -168,6 +187,12 @@ class Container:
                 hand_over(self.sandbox.pins, uid, gid)  # a root harness's files, for the command to write
             except OSError as exc:
                 raise SandboxError(f"the workspace cannot be handed to uid {uid}: {exc.strerror or exc}") from exc
+        running = self._running
+        if running is not None and running[0] == trial_id and alive(running[2], running[3]):
+            # Its first process is the one the engine named: a container's image, labels and mounts
+            # do not change while it runs, so the engine is not asked again (docs/containers.md).
+            return running[1]
+        self._running = None
         name = name_of(trial_id)
         try:
             seen = engine.container(self.binary.path, name)
@@ -175,7 +200,11 @@ class Container:
             raise SandboxError(f"the container engine cannot be reached: {exc}") from exc
         ours = seen is not None and seen.image == self.image_id and seen.labels.get(TRIAL_LABEL) == trial_id
         if seen is not None and seen.running and ours:
-            return Started(name, seen.id[:12], None)
+            started = Started(name, seen.id, None)
+            first = _first_process(seen)
+            if first is not None:
+                self._running = (trial_id, started, *first)
+            return started
         if seen is None:
             made = "the trial's first call" if calls == 0 else "the trial's container was gone"
         else:
@@ -189,7 +218,7 @@ class Container:
                 pass  # the reason it did not start is the one to give
             msg = f"the trial's container cannot be started from image {self.sandbox.image}: {said(done.stderr)}"
             raise SandboxError(msg)
-        return Started(name, done.stdout.decode().strip()[:12], made)
+        return Started(name, done.stdout.decode().strip(), made)
 
     def options(self, trial_id: str, limits: Limits) -> list[str]:
         """`run`'s options for the trial's container."""
@@ -238,7 +267,8 @@ class Container:
             argv.append("--interactive")
         for name, value in (env or {}).items():
             argv += ["--env", f"{name}={value}"]
-        return [*argv, started.name, "/bin/sh", "-c", SCRIPT, "sh", "run", cwd, " ".join(unset), *command]
+        # By its id: what the engine found the trial's, not whatever holds its name by now.
+        return [*argv, started.id, "/bin/sh", "-c", SCRIPT, "sh", "run", cwd, " ".join(unset), *command]
 
 
 def _callers_limits(with_open_files: bool) -> list[str]:
@@ -279,13 +309,13 @@ class _Call:
         argv = self.container.argv(
             self.started, list(request.argv), cwd, request.env, request.unset_env, request.stdin is not None
         )
-        return Wrapped(argv, dict(os.environ), place=self.started.name)
+        return Wrapped(argv, dict(os.environ), place=self.started.id)
 
     def where(self) -> dict[str, object]:
         sandbox, started = self.container.sandbox, self.started
         return {
             "name": started.name,
-            "id": started.id,
+            "id": started.id[:12],
             "image": sandbox.image,
             "image_id": sandbox.image_id,
             # Why a container was made for this call (the trial's first, the last one gone); None: it ran.

@@ -35,6 +35,8 @@ class Seen(NamedTuple):
     running: bool
     image: str
     labels: dict[str, str]
+    #: The container's first process, as this machine's /proc numbers it (0: not running).
+    pid: int = 0
 
 
 def socket_path(client: str, environ: Mapping[str, str] = os.environ) -> str | None:
@@ -109,7 +111,9 @@ def _seen(data: Any) -> Seen:
         data = data[0]
     state = data.get("State") or {}
     labels = (data.get("Config") or {}).get("Labels") or {}
-    return Seen(str(data["Id"]), bool(state.get("Running")), str(data.get("Image", "")), dict(labels))
+    pid = state.get("Pid")
+    running = bool(state.get("Running"))
+    return Seen(str(data["Id"]), running, str(data.get("Image", "")), dict(labels), pid if type(pid) is int else 0)
 
 
 def remove(client: str, name: str) -> bool:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import sandbox as seam
 from ..errors import Interrupted, StateError, TrialToolError
-from ..ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation, Settings, TrialState, liveness, records
+from ..ledger import DEFAULT_LOCK_TIMEOUT, Ledger, Reservation, Settings, TrialState, records
+from ..osio import alive
 from ..process import Launcher, Outcome, environment
 from ..types import Budget, CallRequest, CallResult, Command, Interrupt, Runner, budget, current_directory
 from . import _delivery as delivery
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 def stop_leftovers(supervisor: int, token: str | None) -> int:
     """Stop what an abandoned call left running; how many processes were killed. The supervisor,
     if it lives on, is told to stop (it kills the tree and exits), and any cgroup it made is emptied."""
-    if liveness.alive(supervisor, token):
+    if alive(supervisor, token):
         try:
             os.kill(supervisor, signal.SIGTERM)
         except ProcessLookupError:

@@ -15,7 +15,8 @@ from collections import Counter
 from typing import NotRequired, TypedDict
 
 from ..errors import StateError, TrialToolError
-from ..ledger import GRADING, REFUSED, REPAIR, START, TrialState, audit, decode, liveness, snapshot, verify, whole
+from ..ledger import GRADING, REFUSED, REPAIR, START, TrialState, audit, decode, snapshot, verify, whole
+from ..osio import alive
 from ..types import LATER_FIELDS, Limits, budget
 from .calls import mapping, typed
 
@@ -153,7 +154,7 @@ def _in_progress(state: TrialState | None, taken: snapshot.Snapshot) -> bool:
         return True
     if state is None:
         return False
-    return any(liveness.alive(entry.pid, entry.pid_token) for entry in state.in_flight.values())
+    return any(alive(entry.pid, entry.pid_token) for entry in state.in_flight.values())
 
 
 def summarize(state_path: str, log_path: str, key: bytes | None = None, *, now: bool = False) -> Summary:
