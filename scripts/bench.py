@@ -3,7 +3,7 @@
 
     python scripts/bench.py [--runs N] [--trial-tool PATH]
     python scripts/bench.py --trials DIR [--replicate K]    # the graders' view over real trials
-    python scripts/bench.py --docker                         # the container backends' figures only
+    python scripts/bench.py --docker                         # the container backends' and inspect's docker
     python scripts/bench.py --egress                         # the egress allowlist's figures only
     python scripts/bench.py --along                          # a call along a long trial, and its phases
 
@@ -90,7 +90,7 @@ _TRUST = r"""
 import json, os, socket, statistics, sys, tempfile, time
 from pathlib import Path
 from trialtool import Trial
-from trialtool.doors import userwire, world
+from trialtool.server import wire, world
 runs = int(sys.argv[1])
 root = Path(tempfile.mkdtemp())
 (root / "ws").mkdir()
@@ -113,7 +113,7 @@ listener.bind(str(root / "s.sock")); listener.listen(8)
 client = socket.socket(socket.AF_UNIX); client.connect(str(root / "s.sock"))
 conn, _ = listener.accept()
 out["peer check (server, a call)"] = median(lambda: world.foreign_peer(conn, os.getpid()))
-out["world in the socket name (client, a call)"] = median(userwire.identity)
+out["world in the socket name (client, a call)"] = median(wire.identity)
 print(json.dumps(out))
 """
 
@@ -239,6 +239,99 @@ asyncio.run(main())
 """
 
 
+# Runs in a fresh interpreter: an exec through inspect's own docker sandbox (compose) against the same
+# exec through the trialtool sandbox over it (inner="docker"), taking turns; and each one's sample,
+# from its init to its cleanup. Prints JSON: median seconds.
+_INSPECT_DOCKER = r"""
+import asyncio, json, statistics, sys, tempfile, time
+from inspect_ai.util._sandbox.docker.docker import DockerSandboxEnvironment
+from trialtool.integrations.inspectai import TrialSandboxConfig, TrialSandboxEnvironment
+runs, compose = int(sys.argv[1]), sys.argv[2]
+limits = {"max_calls": 1000000, "max_tokens": 10**9, "sandbox": "none"}
+config = TrialSandboxConfig(root=tempfile.mkdtemp(dir=sys.argv[3]), limits=limits, inner="docker", inner_config=compose)
+kinds = {"docker": (DockerSandboxEnvironment, compose), "trialtool": (TrialSandboxEnvironment, config)}
+async def main():
+    out = {}
+    await DockerSandboxEnvironment.task_init("bench", compose)
+    samples = {name: [] for name in kinds}
+    envs = {}
+    for round_ in range(3):
+        for name, (kind, given) in kinds.items():
+            t = time.perf_counter()
+            made = await kind.sample_init("bench", given, {})
+            await made["default"].exec(["true"])
+            await kind.sample_cleanup("bench", given, made, False)
+            samples[name].append(time.perf_counter() - t)
+    for name, (kind, given) in kinds.items():
+        envs[name] = await kind.sample_init("bench", given, {})
+    times = {name: [] for name in kinds}
+    for _ in range(3):
+        for name in kinds:
+            await envs[name]["default"].exec(["echo", "hello"])
+    for _ in range(runs):
+        for name in kinds:
+            env = envs[name]["default"]
+            t = time.perf_counter(); await env.exec(["echo", "hello"]); times[name].append(time.perf_counter() - t)
+    for name, (kind, given) in kinds.items():
+        await kind.sample_cleanup("bench", given, envs[name], False)
+    await DockerSandboxEnvironment.task_cleanup("bench", compose, True)
+    for name in kinds:
+        out[f"exec {name}"] = statistics.median(times[name])
+        out[f"sample {name}"] = statistics.median(samples[name])
+    print(json.dumps(out))
+asyncio.run(main())
+"""
+
+#: An exec through the trialtool sandbox over inspect's docker sandbox, over inspect's own exec (ms).
+TARGET_INSPECT_DOCKER_MS = 10.0
+
+
+def inspect_docker_figures(work: Path, python: str, runs: int) -> None:
+    """An exec of `echo hello` through inspect's docker sandbox, bare and under trialtool; a sample's life."""
+    print("\ninspect's docker sandbox (compose), `echo hello`, median ms:")
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
+        print("  not measured: no `docker compose` here (scripts/install-compose)")
+        return
+    served = subprocess.run([docker, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True)
+    if served.returncode != 0 or not os.path.exists("/usr/bin/busybox"):
+        print("  not measured: no docker engine answers here, or no busybox-static for the image")
+        return
+    root = work / "inspect-image"
+    for name in ("bin", "tmp", "proc", "dev", "etc", "usr/bin"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    shutil.copy2("/usr/bin/busybox", root / "bin" / "busybox")
+    for applet in ("sh", "echo", "true", "tee", "base64", "mkdir", "cat", "sleep", "kill", "ps"):
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "usr" / "bin" / "timeout").symlink_to("/bin/busybox")
+    tag = f"trialtool-bench-inspect-{os.getpid()}:busybox"
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True)
+    subprocess.run([docker, "import", "-", tag], input=tar.stdout, capture_output=True, check=True)
+    compose = work / "inspect-compose.yaml"
+    compose.write_text(
+        f"services:\n  default:\n    image: {tag}\n    pull_policy: never\n    init: true\n"
+        '    network_mode: none\n    command: ["sh", "-c", "while true; do sleep 3600; done"]\n'
+    )
+    try:
+        done = subprocess.run(
+            [python, "-c", _INSPECT_DOCKER, str(runs), str(compose), str(work)], capture_output=True, text=True
+        )
+    finally:
+        subprocess.run([docker, "image", "rm", "--force", tag], capture_output=True)
+    if done.returncode != 0:
+        print(f"  not measured: {(done.stderr.strip().splitlines() or ['it failed'])[-1]}")
+        return
+    figures = json.loads(done.stdout.strip().splitlines()[-1])  # after what compose prints of the image
+    bare, tooled = figures["exec docker"], figures["exec trialtool"]
+    over = (tooled - bare) * 1000
+    verdict = "meets" if over <= TARGET_INSPECT_DOCKER_MS else "MISSES"
+    print(f"  an exec: inspect's docker {bare * 1000:.1f}, through trialtool {tooled * 1000:.1f}", end="")
+    print(f"  +{over:.1f}  {verdict} {TARGET_INSPECT_DOCKER_MS:.0f}")
+    plain, sample = figures["sample docker"], figures["sample trialtool"]
+    print(f"  a sample (init, one exec, cleanup): inspect's docker {plain * 1000:.0f}", end="")
+    print(f", through trialtool {sample * 1000:.0f}")
+
+
 FASTEST: dict[str, float] = {}
 
 
@@ -322,7 +415,7 @@ def memory_figures(tool: str, work: Path, python: str) -> None:
         [
             python,
             "-c",
-            "import resource; from trialtool import tokens; tokens.RankFile(tokens.locate()).encoder();"
+            "import resource; from trialtool.output import tokens; tokens.RankFile(tokens.locate()).encoder();"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)",
         ],
         capture_output=True,
@@ -997,6 +1090,7 @@ def main() -> int:
         if args.docker:
             for engine in ("docker", "podman"):
                 docker_figures(work, sys.executable, args.runs, engine)
+            inspect_docker_figures(work, sys.executable, args.runs)
         else:
             os.environ["TRIALTOOL_SERVER"] = "off"
             egress_figures(args.trial_tool, work, sys.executable, args.runs)
@@ -1059,6 +1153,7 @@ def main() -> int:
     home_figures(tool, work, args.runs)
     for engine in ("docker", "podman"):
         docker_figures(work, python, args.runs, engine)
+    inspect_docker_figures(work, python, args.runs)
     egress_figures(tool, work, python, args.runs)
     trust_figures(python, args.runs)
     server_figures(tool, work, python, args.runs)
@@ -1072,7 +1167,7 @@ def main() -> int:
         [
             python,
             "-c",
-            "import time; from trialtool import tokens; r = tokens.RankFile(tokens.locate());"
+            "import time; from trialtool.output import tokens; r = tokens.RankFile(tokens.locate());"
             "t = time.perf_counter(); r.encoder(); print((time.perf_counter() - t) * 1000)",
         ],
         capture_output=True,

@@ -49,7 +49,11 @@ APPLETS = (
     "install",
     "rm",
     "touch",
+    "tee",
+    "base64",
 )
+#: Where inspect's docker sandbox looks for what it runs by absolute path.
+USR_BIN = ("timeout", "env")
 
 
 #: Each container backend, and the question that tells whether its engine answers.
@@ -68,13 +72,20 @@ def _client(mode: str) -> str | None:
 BUILT: list[tuple[str, str]] = []
 
 
-def build(docker: str, root: Path, tag: str, extra: str = "") -> str:
+def build(docker: str, root: Path, tag: str, extra: str = "", scripts: dict[str, str] | None = None) -> str:
+    """The test image: busybox and its applets, `/etc/image` naming it, and `scripts` (path: text) made executable."""
     for name in ("bin", "tmp", "proc", "dev", "etc", "sys"):
         (root / name).mkdir(parents=True, exist_ok=True)
     shutil.copy2(BUSYBOX, root / "bin" / "busybox")
     for applet in APPLETS:
         (root / "bin" / applet).symlink_to("busybox")
+    (root / "usr" / "bin").mkdir(parents=True, exist_ok=True)
+    for applet in USR_BIN:
+        (root / "usr" / "bin" / applet).symlink_to("/bin/busybox")
     (root / "etc" / "image").write_text((extra or tag) + "\n")
+    for path, text in (scripts or {}).items():
+        (root / path).write_text(text)
+        (root / path).chmod(0o755)
     tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True, timeout=60)
     subprocess.run([docker, "import", "-", tag], input=tar.stdout, capture_output=True, check=True, timeout=120)
     image_id = subprocess.run(

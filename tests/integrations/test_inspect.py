@@ -27,11 +27,13 @@ from trialtool.output._tokens import seed_tiktoken_cache
 
 # inspect and its dependencies warn of deprecations of theirs and leave anyio streams of
 # their own unclosed; neither is this test's to fix.
-pytestmark = [
+#: The warnings inspect's eval loop gives on the way (its own deprecations, its unclosed streams).
+INSPECTS_WARNINGS = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
+pytestmark = INSPECTS_WARNINGS
 
 #: Each sample's script, one tool call a turn: bash, python (its code on stdin), a slow bash, one too many.
 PLAN = [

@@ -1,15 +1,13 @@
 """trialtool over another inspect sandbox: inspect's own eval loop and mock model, the commands run by the inner one.
 
 The inner sandbox here is inspect's `local` one (each sample's own directory on
-this machine). Over `docker` the same code runs where the machine has `docker
-compose` v2, which inspect's docker sandbox drives; Debian's packages carry none,
-and that test says so when it skips.
+this machine), and a container of the test image per sample. Over inspect's own
+`docker` sandbox, with compose: tests/integrations/test_inspect_docker.py.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -29,17 +27,13 @@ from inspect_ai.util import subprocess as run_async
 
 from tests.conftest import strict_records
 from tests.dockerengine import Engine
-from tests.integrations.test_inspect import CODE, offline_tiktoken, run_eval, scripted_by
+from tests.integrations.test_inspect import CODE, INSPECTS_WARNINGS, offline_tiktoken, run_eval, scripted_by
 from trialtool.integrations.inspectai import TrialSandboxConfig
 from trialtool.ledger._verify import verify
 
 __all__ = ["offline_tiktoken"]  # inspect's mock model needs o200k_base offline: the fixture is autouse
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::ResourceWarning"),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
-]
+pytestmark = INSPECTS_WARNINGS  # inspect's own, on the way through its eval loop
 
 
 def test_each_exec_runs_in_the_inner_sandbox_and_is_budgeted_on_this_side(tmp_path: Path) -> None:
@@ -77,19 +71,6 @@ def test_the_deadline_stops_the_command_in_the_inner_sandbox(tmp_path: Path) -> 
         assert "late" not in tool_text
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert not left, f"processes outlived the call: {left}"
-
-
-def test_over_inspects_docker_sandbox(tmp_path: Path) -> None:
-    docker = shutil.which("docker")
-    compose = docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0
-    if not compose:
-        pytest.skip("inspect's docker sandbox drives `docker compose` v2, which this machine lacks")
-    config = TrialSandboxConfig(inner="docker", limits={"max_calls": 3, "sandbox": "none"})
-    log = run_eval(tmp_path, config)
-    for sample in log.samples:
-        records = strict_records(Path(sample.metadata["trialtool"]["log"]))
-        assert [r["status"] for r in records] == ["ok", "ok", "ok", "maximum_tool_calls"]
-        assert records[0]["elsewhere"]["sandbox"] == "docker"
 
 
 @sandboxenv(name="trialtool-test-container")

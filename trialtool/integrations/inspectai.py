@@ -41,7 +41,14 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from inspect_ai.solver._task_state import sample_state
-from inspect_ai.util import ExecResult, SandboxEnvironment, SandboxEnvironmentConfigType, sandboxenv, subprocess
+from inspect_ai.util import (
+    ExecResult,
+    SandboxConnection,
+    SandboxEnvironment,
+    SandboxEnvironmentConfigType,
+    sandboxenv,
+    subprocess,
+)
 from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 from inspect_ai.util._sandbox.environment import RootAccess, SandboxUserUnsupportedError
 from inspect_ai.util._sandbox.limits import verify_read_file_size
@@ -98,6 +105,16 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         settings = settings_of(config)
         if settings.inner is not None:
             await inner_type(settings.inner).task_cleanup(task_name, settings.inner_config, cleanup)
+
+    @classmethod
+    async def task_init_environment(
+        cls, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
+    ) -> dict[str, str]:
+        """The inner sandbox's: docker's reads a sample's metadata into its compose file (an image per sample)."""
+        settings = settings_of(config)
+        if settings.inner is None:
+            return {}
+        return await inner_type(settings.inner).task_init_environment(settings.inner_config, metadata)
 
     @classmethod
     def config_deserialize(cls, config: dict[str, Any]) -> BaseModel:
@@ -301,6 +318,17 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             with open(path, newline="", encoding="utf-8") as source:
                 return source.read()
         return path.read_bytes()
+
+    async def connection(self, *, user: str | None = None) -> SandboxConnection:
+        """The inner sandbox's way in, for a person (`docker exec -it ...`): outside the trial's budget."""
+        if self.inner is not None:
+            return await self.inner[1].connection(user=user)
+        return await super().connection(user=user)
+
+    def default_polling_interval(self) -> float:
+        if self.inner is not None:
+            return self.inner[1].default_polling_interval()
+        return super().default_polling_interval()
 
     def _resolve(self, file: str) -> Path:
         return Path(file) if os.path.isabs(file) else self.workspace / file
