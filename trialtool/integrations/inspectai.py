@@ -113,7 +113,7 @@ class TrialSandboxEnvironment(SandboxEnvironment):
         """The inner sandbox's: docker's reads a sample's metadata into its compose file (an image per sample)."""
         settings = settings_of(config)
         if settings.inner is None:
-            return {}
+            return await super().task_init_environment(config, metadata)
         return await inner_type(settings.inner).task_init_environment(settings.inner_config, metadata)
 
     @classmethod

@@ -90,6 +90,17 @@ class Started(NamedTuple):
     made: str | None
 
 
+class _Running(NamedTuple):
+    """The trial's container as the engine last found it running and the trial's, and its first process then."""
+
+    trial_id: str
+    started: Started
+    pid: int
+    #: The first process's start-time token (osio.process_token): while that very process lives, so does
+    #: the container it started.
+    token: str
+
+
 def _first_process(seen: engine.Seen) -> tuple[int, str] | None:
     """The container's first process as this machine numbers it, with its token: None unless /proc shows
     a process whose cgroup names the container (an engine in another pid namespace numbers its own)."""
@@ -165,9 +176,7 @@ class Container:
         self.log_path = os.path.abspath(log_path)
         #: The container gets the caller's own open-files and process limits where the trial sets none.
         self.caller_limits = caller_limits
-        #: The trial's container as the engine last found it running and the trial's, and its first
-        #: process then (pid, start time): while that very process lives, so does that container.
-        self._running: tuple[str, Started, int, str] | None = None
+        self._running: _Running | None = None
 
     #: What runs in the container besides its own two processes must be the call's.
     one_at_a_time = True
@@ -188,10 +197,10 @@ class Container:
             except OSError as exc:
                 raise SandboxError(f"the workspace cannot be handed to uid {uid}: {exc.strerror or exc}") from exc
         running = self._running
-        if running is not None and running[0] == trial_id and alive(running[2], running[3]):
+        if running is not None and running.trial_id == trial_id and alive(running.pid, running.token):
             # Its first process is the one the engine named: a container's image, labels and mounts
             # do not change while it runs, so the engine is not asked again (docs/containers.md).
-            return running[1]
+            return running.started
         self._running = None
         name = name_of(trial_id)
         try:
@@ -203,7 +212,7 @@ class Container:
             started = Started(name, seen.id, None)
             first = _first_process(seen)
             if first is not None:
-                self._running = (trial_id, started, *first)
+                self._running = _Running(trial_id, started, *first)
             return started
         if seen is None:
             made = "the trial's first call" if calls == 0 else "the trial's container was gone"

@@ -112,8 +112,8 @@ def _seen(data: Any) -> Seen:
     state = data.get("State") or {}
     labels = (data.get("Config") or {}).get("Labels") or {}
     pid = state.get("Pid")
-    running = bool(state.get("Running"))
-    return Seen(str(data["Id"]), running, str(data.get("Image", "")), dict(labels), pid if type(pid) is int else 0)
+    pid = pid if type(pid) is int else 0
+    return Seen(str(data["Id"]), bool(state.get("Running")), str(data.get("Image", "")), dict(labels), pid)
 
 
 def remove(client: str, name: str) -> bool:
