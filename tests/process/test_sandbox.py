@@ -277,11 +277,12 @@ def test_exit_codes_are_the_commands(box: Sandboxed) -> None:
 def test_bwraps_word_for_a_missing_command_is_read_whatever_its_name(name: str) -> None:
     """bwrap names the command it could not run; a name may break lines (U+0085, "\\n") and is still the command's."""
     said = f"bwrap: execvp {name}: {os.strerror(2)}\n".encode()
-    assert sandbox.bwrap.failure(said) == ("not_found", os.strerror(2))
-    assert sandbox.bwrap.failure(b"bwrap: Creating new namespace failed: nope\n") == (
+    assert sandbox.bwrap.failure(said, 1) == ("not_found", os.strerror(2))
+    assert sandbox.bwrap.failure(b"bwrap: Creating new namespace failed: nope\n", 1) == (
         "sandbox",
         "bwrap: Creating new namespace failed: nope",
     )
+    assert sandbox.bwrap.failure(said, 137) is None  # bwrap itself killed: not its word for the command
 
 
 def test_the_sandbox_settings_are_pinned(box: Sandboxed) -> None:

@@ -92,7 +92,7 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
         "text",
         _CALLING,
         _LIMIT,
-        "run commands in a sandbox: none, bwrap, docker or podman (with --image), or auto (bwrap where it runs)",
+        "run commands in a sandbox: none, bwrap, gvisor, docker or podman (with --image), or auto (bwrap)",
     ),
     (
         "--image",

@@ -82,10 +82,20 @@ class Store:
         record = records.start(
             trial_id=state.trial_id,
             limits=state.limits._asdict(),
-            # A container's image too (by its id): the rules the trial's calls run under.
+            # A container's image (by its id), a kernel's runtime and platform: the rules its calls run under.
             sandbox={
                 name: pinned[name]
-                for name in ("mode", "network", "allow", "workspace", "writable", "image", "image_id")
+                for name in (
+                    "mode",
+                    "network",
+                    "allow",
+                    "workspace",
+                    "writable",
+                    "image",
+                    "image_id",
+                    "runtime",
+                    "platform",
+                )
                 if name in pinned
             },
             labels=state.labels,

@@ -50,6 +50,8 @@ class Spec(NamedTuple):
     place: str | None = None
     #: Network "allow": the trial's allowlist (sandbox/_egress.py), which the call's proxy enforces (_proxy.py).
     egress: tuple[str, ...] | None = None
+    #: Where the proxy listens when not in the sandbox's network namespace: a unix socket's host path.
+    egress_socket: str | None = None
 
 
 def encode(spec: Spec) -> bytes:

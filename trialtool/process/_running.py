@@ -60,7 +60,7 @@ def supervise(
     if spec.egress is not None:
         from ..sandbox.network import CallNetwork  # its socket module is no other call's cost
 
-        network = CallNetwork(spec.egress, spec.started)
+        network = CallNetwork(spec.egress, spec.started, spec.egress_socket)
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         rlimits = for_exec(limits, group, backend)
@@ -88,7 +88,9 @@ def supervise(
                 env=spec.env,
                 before_exec=None if plain else before_exec,
                 # bwrap's status, the pinned paths it binds, and (network "allow") the descriptor it waits on.
-                passed=[] if status_w < 0 else [status_w, *bind_fds, *([network.block_r] if network else [])],
+                passed=[]
+                if status_w < 0
+                else [status_w, *bind_fds, *([network.block_r] if network and network.block_r >= 0 else [])],
                 stdin=feed_r,
                 merge=spec.merge,
             )
@@ -140,12 +142,15 @@ def _unwrapped(backend: Backend, report: Report, status_r: int, stderr: Spool, s
     read = bytearray(status)
     while chunk := os.read(status_r, 65536):
         read += chunk
-    code = backend.exit_code(bytes(read))
+    code = backend.exit_code(bytes(read), report.returncode)
     if code is not None:
         return report._replace(returncode=code)
-    if report.ended != "exited" or report.returncode != 1:
-        return report  # stopped by us, or bwrap itself killed (out of memory): as it is
-    kind, reason = backend.failure(stderr.head(4096))
+    if report.ended != "exited":
+        return report  # stopped by us: as it is
+    failed = backend.failure(stderr.head(4096), report.returncode)
+    if failed is None:
+        return report  # the backend itself killed (out of memory): as it is
+    kind, reason = failed
     if kind == "sandbox":
         return Report(fatal=f"the sandbox could not be set up: {reason}")
     return Report(kind, error=reason, containment=report.containment)

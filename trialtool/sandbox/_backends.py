@@ -17,6 +17,7 @@ from ..errors import SandboxError, UsageError
 from ..osio import plain
 from . import _bwrap as bwrap
 from . import _docker as docker
+from . import _gvisor as gvisor
 from . import _none as none
 from . import _podman as podman
 from . import _settings as settings
@@ -24,7 +25,13 @@ from ._base import Asked, Backend, Unavailable
 from ._settings import OWNED_SETTINGS, UNSANDBOXED, Sandbox
 
 #: Every backend, by the name a trial pins.
-BACKENDS: dict[str, Backend] = {"none": none, "bwrap": bwrap, "docker": docker.DOCKER, "podman": podman.PODMAN}
+BACKENDS: dict[str, Backend] = {
+    "none": none,
+    "bwrap": bwrap,
+    "docker": docker.DOCKER,
+    "podman": podman.PODMAN,
+    "gvisor": gvisor,
+}
 #: What "auto" tries; `UNSANDBOXED`'s backend where it cannot run, saying why.
 AUTO = "bwrap"
 MODES = tuple(BACKENDS)

@@ -77,6 +77,9 @@ class Wrapped(NamedTuple):
     place: str | None = None
     #: Network "allow": the allowlist the call's proxy enforces.
     egress: tuple[str, ...] | None = None
+    #: Network "allow" through a socket bound into the sandbox (gVisor's): the host path where the call's
+    #: proxy listens, made before the command starts. None: in the sandbox's network namespace (bwrap's).
+    egress_socket: str | None = None
 
 
 class Checked(Protocol):
@@ -209,12 +212,14 @@ class Backend(Protocol):
         """Where a stop signals the command, when not in the tree here (a container's); None: the tree here."""
         ...
 
-    def exit_code(self, status: bytes) -> int | None:
-        """The command's exit code from what the backend reported, or None when the command never ran."""
+    def exit_code(self, status: bytes, returncode: int | None) -> int | None:
+        """The command's exit code from what the backend reported and its own exit status (`returncode`),
+        or None when the command never ran."""
         ...
 
-    def failure(self, stderr: bytes) -> tuple[str, str]:
-        """Why the command never ran: ("not_found" | "not_executable" | "sandbox", the reason)."""
+    def failure(self, stderr: bytes, returncode: int | None) -> tuple[str, str] | None:
+        """Why the command never ran: ("not_found" | "not_executable" | "sandbox", the reason); None when
+        the backend's exit status (`returncode`) says it was stopped from outside, the report as it is."""
         ...
 
 

@@ -33,11 +33,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import SandboxError, UsageError
 from ..osio import plain
-from ..server import directory as serverdir
 from . import _home as home
-from . import _ownfiles as ownfiles
 from . import _pinned as pinned
 from . import _seccomp as seccomp
+from . import _view as view
 from ._base import Asked, CallAt, TrialFiles, Unavailable, nothing_kept, nothing_left
 from ._base import Wrapped as Orders
 from ._executable import ISOLATION, STATUS_FD, available, check_binary, probe, start_probe
@@ -262,7 +261,7 @@ def _view(wrapped: list[str], layer: home.Home) -> None:
             wrapped += ["--ro-bind", "/dev/null", seen]
 
 
-def exit_code(status: bytes) -> int | None:
+def exit_code(status: bytes, returncode: int | None) -> int | None:
     """The command's exit code from bwrap's status documents, or None when the command never ran."""
     decoder = json.JSONDecoder()
     text = status.decode("utf-8", "replace")
@@ -281,8 +280,13 @@ def exit_code(status: bytes) -> int | None:
             found = document["exit-code"]
 
 
-def failure(stderr: bytes) -> tuple[str, str]:
-    """Why bwrap ran nothing, from what it wrote: ("not_found" | "not_executable" | "sandbox", the reason)."""
+def failure(stderr: bytes, returncode: int | None) -> tuple[str, str] | None:
+    """Why bwrap ran nothing, from what it wrote: ("not_found" | "not_executable" | "sandbox", the reason).
+
+    None unless bwrap exited 1, its own failure: killed by something else (out of memory), it is as it is.
+    """
+    if returncode != 1:
+        return None
     text = stderr.decode("utf-8", "replace").rstrip("\n")
     # The command's name may hold any character but NUL, line breaks too (str.splitlines's U+0085, "\n"):
     # bwrap's last message starts a line, and its reason follows the message's last ": ".
@@ -346,28 +350,7 @@ class Plan:
             raise SandboxError(f"this trial runs its commands in the bwrap sandbox, which cannot run here: {reason}")
         pinned.check(self.sandbox.pins)
         roots = self.sandbox.roots
-        # trial-tool's own files, and what the caller names: bound read-only where writable.
-        own, missing = ownfiles.paths(self.rank_file, caller)
-        own += [path for path in read_only if os.path.exists(path)]
-        for path in missing:
-            if any(inside(path, root) for root in roots):
-                # An import path entry yet to be made, where a command could make it: made now, empty.
-                try:
-                    pinned.make_directories(path)
-                except OSError as exc:
-                    msg = f"trial-tool's import path entry {plain(path)} cannot be made safely: {exc.strerror}"
-                    raise SandboxError(msg) from exc
-                own.append(path)
-        servers = {serverdir.directory(os.environ), serverdir.directory(environ or os.environ)}
-        # Those under /tmp and /run need nothing, unless a writable path brings them back:
-        # the sandbox has its own of each.
-        hidden = [
-            d
-            for d in servers
-            if os.path.isdir(d)
-            and (any(inside(d, root) for root in roots) or not (inside(d, "/tmp") or inside(d, "/run")))
-        ]
-        hide = layout(roots, self.files, directories=hidden, own=own)
+        hide = view.hidden(roots, self.files, self.rank_file, environ, read_only, caller)
         real = os.path.realpath(cwd)
         if any(inside(real, directory) for directory in hide.covered) and not any(inside(real, root) for root in roots):
             msg = f"the call's directory {plain(cwd)} is hidden in the sandbox (it holds the trial's files)"

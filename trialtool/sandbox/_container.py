@@ -28,8 +28,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..errors import SandboxError, UsageError
-from ..osio import alive, plain, process_token
+from ..errors import SandboxError
+from ..osio import alive, process_token
 from ..types import Limits
 from . import _engine as engine
 from . import _seccomp as seccomp
@@ -37,7 +37,7 @@ from ._base import CallAt, Wrapped
 from ._engine import LOG_LABEL, STATE_LABEL, TRIAL_LABEL, remove, said
 from ._executable import check_binary
 from ._handover import hand_over
-from ._layout import inside
+from ._layout import inside, refuse_writable
 from ._settings import Binary, Sandbox
 
 if TYPE_CHECKING:
@@ -161,14 +161,7 @@ class Container:
     ) -> None:
         if sandbox.binary is None or sandbox.image_id is None or sandbox.workspace is None:
             raise SandboxError("this trial's container settings are incomplete; create a new trial")
-        for path in files:
-            real = os.path.realpath(path)
-            if any(inside(real, root) for root in sandbox.roots):
-                msg = (
-                    f"the trial's file {plain(path)} lies in a path bound into its container; "
-                    "keep the state, log and key files outside the workspace and writable paths"
-                )
-                raise UsageError(msg)
+        refuse_writable(files, sandbox.roots, "its container")
         self.sandbox = sandbox
         self.binary = sandbox.binary
         self.image_id = sandbox.image_id
@@ -337,14 +330,14 @@ def sweep_argv(signal_name: str = "KILL", spare_calls: bool = False) -> list[str
     return ["/bin/sh", "-c", SCRIPT, "sh", "stop", signal_name, "spare" if spare_calls else "all"]
 
 
-def stop_argv(client: str, name: str, signal_name: str, spare_calls: bool) -> list[str]:
-    """The client's command line that signals the call's processes in the container `name`."""
-    return [client, "exec", name, *sweep_argv(signal_name, spare_calls)]
+def stop_argv(prefix: Sequence[str], signal_name: str, spare_calls: bool) -> list[str]:
+    """The command line that signals the call's processes where `prefix` (the client's exec into one place) runs."""
+    return [*prefix, *sweep_argv(signal_name, spare_calls)]
 
 
-def signal_inside(client: str, name: str, signal_name: str, env: Mapping[str, str] | None) -> int:
+def signal_inside(prefix: Sequence[str], signal_name: str, env: Mapping[str, str] | None) -> int:
     """Start signalling the call's processes in the container; the pid of the client doing it (reap it)."""
-    argv = stop_argv(client, name, signal_name, spare_calls=signal_name == "TERM")
+    argv = stop_argv(prefix, signal_name, spare_calls=signal_name == "TERM")
     devnull = os.open(os.devnull, os.O_RDWR)
     try:
         actions = [(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)]
@@ -353,13 +346,13 @@ def signal_inside(client: str, name: str, signal_name: str, env: Mapping[str, st
         os.close(devnull)
 
 
-def sweep(client: str, name: str, env: Mapping[str, str] | None) -> None:
+def sweep(prefix: Sequence[str], env: Mapping[str, str] | None) -> None:
     """Kill every process a stopped call left in the container, and wait until it is done."""
     import subprocess
 
     try:
         subprocess.run(
-            stop_argv(client, name, "KILL", spare_calls=False),
+            stop_argv(prefix, "KILL", spare_calls=False),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -373,20 +366,21 @@ def sweep(client: str, name: str, env: Mapping[str, str] | None) -> None:
 
 def stops(client: str, place: str | None, env: Mapping[str, str] | None) -> Stops | None:
     """A call's stops in its container (`client` is the pinned client its command line runs)."""
-    return None if place is None else Stops(client, place, env)
+    return None if place is None else Stops([client, "exec", place], env)
 
 
 class Stops:
     """A call's stops, carried out in its container: the supervisor's side of a deadline or a stop."""
 
-    def __init__(self, client: str, name: str, env: Mapping[str, str] | None) -> None:
-        self.client, self.name, self.env = client, name, env
+    def __init__(self, prefix: Sequence[str], env: Mapping[str, str] | None) -> None:
+        #: The client's command line that runs a command in the call's place (`exec` into its container).
+        self.prefix, self.env = list(prefix), env
         self.pids: list[int] = []
 
     def signal(self, signal_name: str) -> None:
         """Signal the call's processes in the container (TERM spares the call's own shell); returns at once."""
         try:
-            self.pids.append(signal_inside(self.client, self.name, signal_name, self.env))
+            self.pids.append(signal_inside(self.prefix, signal_name, self.env))
         except OSError:
             pass  # the client is gone: the container's limits still hold, and `finish` tries again
 
@@ -394,7 +388,7 @@ class Stops:
         """After a stop: every process the call left in the container killed, and the signalling clients reaped."""
         if not self.pids:
             return  # the command ended by itself: its shell killed what it left
-        sweep(self.client, self.name, self.env)
+        sweep(self.prefix, self.env)
         for pid in self.pids:
             try:
                 os.kill(pid, 9)

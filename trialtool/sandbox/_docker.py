@@ -40,12 +40,12 @@ def own(top: int, children: Callable[[int], list[int]]) -> set[int]:
     return {top}
 
 
-def exit_code(status: bytes) -> int | None:
+def exit_code(status: bytes, returncode: int | None) -> int | None:
     """The client's exit status is the command's."""
     return None
 
 
-def failure(stderr: bytes) -> tuple[str, str]:
+def failure(stderr: bytes, returncode: int | None) -> tuple[str, str] | None:
     """Never asked: a container that cannot start fails the call's checks, before anything is charged."""
     return "sandbox", stderr.decode(errors="replace").strip()[-300:]
 

@@ -128,4 +128,17 @@ def layout(
     )
 
 
-__all__ = ["Layout", "inside", "layout"]
+def refuse_writable(files: Sequence[str], roots: Sequence[str], where: str) -> None:
+    """UsageError when one of the trial's `files` lies in a writable path: a backend that binds those paths by
+    name (`where` says into what) hides nothing inside them."""
+    for path in files:
+        real = os.path.realpath(path)
+        if any(inside(real, root) for root in roots):
+            msg = (
+                f"the trial's file {plain(path)} lies in a path writable in {where}; "
+                "keep the state, log and key files outside the workspace and writable paths"
+            )
+            raise UsageError(msg)
+
+
+__all__ = ["Layout", "inside", "layout", "refuse_writable"]

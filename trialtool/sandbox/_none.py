@@ -85,12 +85,12 @@ def stops(client: str, place: str | None, env: Mapping[str, str] | None) -> None
     return None
 
 
-def exit_code(status: bytes) -> int | None:
+def exit_code(status: bytes, returncode: int | None) -> int | None:
     """Nothing reports for the command: its own exit status is the one."""
     return None
 
 
-def failure(stderr: bytes) -> tuple[str, str]:
+def failure(stderr: bytes, returncode: int | None) -> tuple[str, str] | None:
     """Never asked: an unwrapped command that cannot start fails at its exec."""
     return "sandbox", "no sandbox"
 

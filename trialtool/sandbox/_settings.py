@@ -104,6 +104,10 @@ class Sandbox(NamedTuple):
     allow: tuple[str, ...] = ()
     #: "UID:GID", who the command runs as (every backend but none); None in trials made before it was pinned.
     run_as: str | None = None
+    #: A sandbox with a kernel of its own: its runtime and version ("runsc 20221219.0"), and the platform
+    #: it intercepts the command's system calls with (gVisor's systrap, ptrace or kvm).
+    runtime: str | None = None
+    platform: str | None = None
 
     def as_json(self) -> dict[str, object]:
         # A backend's own fields only where it pinned them; the allowlist only with network "allow".
@@ -313,7 +317,7 @@ def parsed(data: dict[str, object]) -> Sandbox:
 
 
 #: Fields a backend pins only when it takes them (a container's image): left out of the state when None.
-_OPTIONAL_FIELDS = ("image", "image_id", "run_as")
+_OPTIONAL_FIELDS = ("image", "image_id", "run_as", "runtime", "platform")
 _LATER_FIELDS = ("fallback", "home", "home_path", *_OPTIONAL_FIELDS)
 
 

@@ -123,6 +123,7 @@ class Checks:
             binds=wrapped.binds,
             place=wrapped.place,
             egress=wrapped.egress,
+            egress_socket=wrapped.egress_socket,
         )
 
     def placed(self) -> Placed:

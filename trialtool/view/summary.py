@@ -278,13 +278,14 @@ def _labels(value: object) -> dict[str, str]:
 
 def _image(sandbox: dict[str, object]) -> dict[str, object]:
     """A container trial's image (by its id, which the fairness check compares, and as it was named);
-    a trial's egress allowlist."""
+    a gVisor trial's runtime and platform; a trial's egress allowlist."""
     if sandbox.get("network") == "allow":
         allow = sandbox.get("allow")
         return {"allow": list(allow) if isinstance(allow, list) else []}
+    kernel = {name: sandbox[name] for name in ("runtime", "platform") if sandbox.get(name) is not None}
     if sandbox.get("image_id") is None:
-        return {}
-    return {"image_id": sandbox.get("image_id"), "image": sandbox.get("image")}
+        return kernel
+    return {"image_id": sandbox.get("image_id"), "image": sandbox.get("image"), **kernel}
 
 
 def unreadable(state_path: str, log_path: str, why: str) -> Summary:

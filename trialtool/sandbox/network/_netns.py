@@ -142,13 +142,33 @@ def _first_line(status_r: int, deadline: float) -> bytes:
 
 
 class CallNetwork:
-    """A call's proxy, from before bwrap starts to the call's report (_running.supervise)."""
+    """A call's proxy, from before bwrap starts to the call's report (_running.supervise).
 
-    def __init__(self, allow: tuple[str, ...] | list[str], started: float) -> None:
+    With `socket_path` (gVisor's sandbox, whose own network stack reaches a socket bound in), the proxy
+    listens there instead, on a unix socket made now, before the command starts: nothing waits on it.
+    """
+
+    def __init__(self, allow: tuple[str, ...] | list[str], started: float, socket_path: str | None = None) -> None:
         self.allow, self.started = allow, started
-        #: bwrap's --block-fd (the read end, passed to it) and ours, written once the listener is there.
-        self.block_r, self.block_w = os.pipe()
         self.proxy: Any = None
+        self.unix: socket.socket | None = None
+        self.block_r = self.block_w = -1
+        if socket_path is None:
+            #: bwrap's --block-fd (the read end, passed to it) and ours, written once the listener is there.
+            self.block_r, self.block_w = os.pipe()
+            return
+        try:
+            os.unlink(socket_path)  # the last call's, in a directory of trial-tool's own
+        except FileNotFoundError:
+            pass
+        self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.unix.bind(socket_path)
+            os.chmod(socket_path, 0o666)  # for the sandbox's user, whoever it is; the directory is the sandbox's only
+            self.unix.listen(512)
+        except BaseException:
+            self.unix.close()
+            raise
 
     def start(self, status_r: int, deadline: float) -> bytes:
         """After bwrap started: the proxy listening in the sandbox, then bwrap let go on.
@@ -158,6 +178,11 @@ class CallNetwork:
         was made, and says why on its stderr. OSError when the listener cannot be made:
         bwrap is then still waiting, and must be stopped before this closes our end.
         """
+        if self.unix is not None:
+            from ._proxy import Proxy
+
+            self.proxy, self.unix = Proxy(self.unix, self.allow, self.started), None
+            return b""  # the backend's status is read when the command has ended
         os.close(self.block_r)
         self.block_r = -1
         status = _first_line(status_r, deadline)
@@ -183,6 +208,9 @@ class CallNetwork:
         return None if self.proxy is None else self.proxy.finish()
 
     def close(self) -> None:
+        if self.unix is not None:
+            self.unix.close()
+            self.unix = None
         for fd in (self.block_r, self.block_w):
             if fd >= 0:
                 os.close(fd)
