@@ -6,6 +6,7 @@
     python scripts/bench.py --docker                         # the container backends' and inspect's docker
     python scripts/bench.py --egress                         # the egress allowlist's figures only
     python scripts/bench.py --along                          # a call along a long trial, and its phases
+    python scripts/bench.py --gvisor                         # the gvisor backend's figures only
 
 
 Prints, for each case, the bare command's median wall time, trial-tool's, the
@@ -17,7 +18,8 @@ the API at most 5 ms, `serve` 10 ms, an MCP tool call 20 ms; the bwrap
 sandbox at most 15 ms over no sandbox, warm; a warm API call of `true` or
 `echo hello` at most 5 ms over a bare spawn of it (10 ms under bwrap), with
 where it goes step by step; the last 10 calls of a long trial within 1.1x of
-its first 10; `--network allow` at most 2 ms
+its first 10; a warm call under gVisor at most 10 ms over a bare `runsc exec`
+into the same sandbox; `--network allow` at most 2 ms
 over `--network none` for a call that makes no connection (its connections
 and downloads through the proxy are measured against `--network host`
 direct, without a target). A call's stdin and merged output,
@@ -525,6 +527,21 @@ print(json.dumps(out))
 """
 
 
+def _busybox_image(work: Path, docker: str, engine: str = "docker") -> str:
+    """The bench's image, imported from a root of busybox-static: its tag (remove it after)."""
+    root = work / f"image-{engine}"
+    for name in ("bin", "tmp", "proc", "dev", "etc"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    (root / "etc" / "hostname").write_text("bench\n")
+    shutil.copy2("/usr/bin/busybox", root / "bin" / "busybox")
+    for applet in ("sh", "echo", "ls", "true", "cat"):
+        (root / "bin" / applet).symlink_to("busybox")
+    tag = f"trialtool-bench-{os.getpid()}:{engine}"
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True)
+    subprocess.run([docker, "import", "-", tag], input=tar.stdout, capture_output=True, check=True)
+    return tag
+
+
 def docker_figures(work: Path, python: str, runs: int, engine: str = "docker") -> None:
     """A container backend (docker's, podman's): a call over a bare `exec` in the same container, a trial's
     first call, and 20 trials against the bwrap backend's, on the same commands."""
@@ -537,15 +554,7 @@ def docker_figures(work: Path, python: str, runs: int, engine: str = "docker") -
     if not os.path.exists(busybox):
         print("  not measured: the bench's image is built from busybox-static, not installed")
         return
-    root = work / f"image-{engine}"
-    for name in ("bin", "tmp", "proc", "dev", "etc"):
-        (root / name).mkdir(parents=True, exist_ok=True)
-    shutil.copy2(busybox, root / "bin" / "busybox")
-    for applet in ("sh", "echo", "ls", "true"):
-        (root / "bin" / applet).symlink_to("busybox")
-    tag = f"trialtool-bench-{os.getpid()}:busybox"
-    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True)
-    subprocess.run([docker, "import", "-", tag], input=tar.stdout, capture_output=True, check=True)
+    tag = _busybox_image(work, docker, engine)
     try:
         done = subprocess.run(
             [python, "-c", _DOCKER, str(runs), tag, docker, str(work), engine],
@@ -569,6 +578,114 @@ def docker_figures(work: Path, python: str, runs: int, engine: str = "docker") -
     for mode in ("engine", "bwrap"):
         shown = engine if mode == "engine" else mode
         print(f"  20 trials of 5 calls, {shown:<7} {figures[f'20 trials of 5 calls, {mode}']:8.2f} s")
+
+
+#: The gvisor backend: a warm call at most this much over a bare `runsc exec` into the same sandbox.
+TARGET_GVISOR_MS = 10.0
+
+_GVISOR = r"""
+import json, os, statistics, subprocess, sys, tempfile, time
+from pathlib import Path
+from trialtool import Trial
+from trialtool.sandbox import _runsc as runsc
+runs, work, image, docker = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+root = Path(tempfile.mkdtemp(dir=work))
+out = {}
+def trial(name, mode):
+    ws = root / name / "ws"
+    ws.mkdir(parents=True)
+    extra = {"image": image} if mode == "docker" else {}
+    limits = {"max_calls": 10**6, "max_tokens": 10**9, "sandbox": mode, "workspace": str(ws), **extra}
+    return Trial(root / name / "s.json", root / name / "l.jsonl", limits=limits), str(ws)
+made, containers = [], []
+try:
+    t, ws = trial("warm", "gvisor")
+    with t:
+        first = time.perf_counter()
+        t.run(["true"], cwd=ws)
+        out["first call (starts the sandbox)"] = time.perf_counter() - first
+        name = "trialtool-" + t.status().trial_id
+        made.append(name)
+        pinned = t.status().sandbox
+        bare_argv = [pinned.binary.path, "--root", runsc.ROOT, "exec", name, "echo", "hello"]
+        bare, tooled = [], []
+        for _ in range(3):
+            t.run(["echo", "hello"], cwd=ws)
+            subprocess.run(bare_argv, capture_output=True)
+        for _ in range(runs):
+            s = time.perf_counter()
+            subprocess.run(bare_argv, capture_output=True)
+            bare.append(time.perf_counter() - s)
+            s = time.perf_counter(); t.run(["echo", "hello"], cwd=ws); tooled.append(time.perf_counter() - s)
+        out["bare runsc exec"] = statistics.median(bare)
+        out["trial-tool over it (warm API)"] = statistics.median(tooled)
+        loader = []
+        python = os.path.realpath(sys.executable)
+        loaded = [*bare_argv[:-2], python, "-I", "-S", "-B", "-c", "import ctypes, resource"]
+        for _ in range(runs):
+            s = time.perf_counter(); subprocess.run(loaded, capture_output=True); loader.append(time.perf_counter() - s)
+        out["runsc exec of python -I -S -c 'import ctypes, resource'"] = statistics.median(loader)
+    modes = ["gvisor", "bwrap"] + (["docker"] if image else [])
+    for mode in modes:
+        s = time.perf_counter()
+        for index in range(20):
+            t, ws = trial(f"{mode}-{index}", mode)
+            with t:
+                for _ in range(5):
+                    t.run(["sh", "-c", "echo hello; cat /etc/hostname > /dev/null"], cwd=ws)
+                if mode == "gvisor":
+                    made.append("trialtool-" + t.status().trial_id)
+                elif mode == "docker":
+                    containers.append("trialtool-" + t.status().trial_id)
+        out[f"20 trials of 5 calls, {mode}"] = time.perf_counter() - s
+finally:
+    for name in made:
+        subprocess.run(["runsc", "--root", runsc.ROOT, "delete", "--force", name], capture_output=True)
+    if containers:
+        subprocess.run([docker, "rm", "--force", *containers], capture_output=True)
+print(json.dumps(out))
+"""
+
+
+def gvisor_figures(work: Path, python: str, runs: int) -> None:
+    """The gvisor backend: a call over a bare `runsc exec` into the same sandbox, a trial's first call, and
+    20 trials against bwrap's (and docker's, where an engine answers), on the same commands."""
+    print("\nthe gvisor backend, median ms (warm API, `echo hello`):")
+    from trialtool.sandbox._base import Asked, Unavailable
+    from trialtool.sandbox._gvisor import pin
+
+    try:
+        pinned = pin(Asked("gvisor", {}, str(work), ()))
+    except Unavailable as exc:
+        print(f"  not measured: {exc.reason}")
+        return
+    print(f"  {pinned.runtime}, platform {pinned.platform}")
+    docker, tag = shutil.which("docker"), ""
+    if (
+        docker
+        and os.path.exists("/usr/bin/busybox")
+        and subprocess.run([docker, "info"], capture_output=True).returncode == 0
+    ):
+        tag = _busybox_image(work, docker)
+    try:
+        done = subprocess.run(
+            [python, "-c", _GVISOR, str(runs), str(work), tag, docker or ""], capture_output=True, text=True, check=True
+        )
+    finally:
+        if tag and docker:
+            subprocess.run([docker, "image", "rm", "--force", tag], capture_output=True)
+    figures = json.loads(done.stdout)
+    bare, tooled = figures["bare runsc exec"], figures["trial-tool over it (warm API)"]
+    over = (tooled - bare) * 1000
+    verdict = "meets" if over <= TARGET_GVISOR_MS else "MISSES"
+    print(f"  bare `runsc exec`            {bare * 1000:8.1f}")
+    print(f"  through trial-tool           {tooled * 1000:8.1f}  +{over:.1f}  {verdict} {TARGET_GVISOR_MS:.0f}")
+    loader = figures["runsc exec of python -I -S -c 'import ctypes, resource'"]
+    print(f"    of which the loader's interpreter in the sandbox (an exec of it alone): +{(loader - bare) * 1000:.1f}")
+    print(f"  a trial's first call (starts its sandbox)  {figures['first call (starts the sandbox)'] * 1000:.0f}")
+    for mode in ("gvisor", "bwrap", "docker"):
+        if f"20 trials of 5 calls, {mode}" in figures:
+            print(f"  20 trials of 5 calls, {mode:<7} {figures[f'20 trials of 5 calls, {mode}']:8.2f} s")
 
 
 def sandbox_unavailable() -> str | None:
@@ -1078,11 +1195,17 @@ def main() -> int:
     parser.add_argument("--replicate", type=int, default=1, help="with --trials: also over K hard-linked copies")
     parser.add_argument("--docker", action="store_true", help="only the container backends' figures (docker, podman)")
     parser.add_argument("--egress", action="store_true", help="only the egress allowlist's figures")
+    parser.add_argument("--gvisor", action="store_true", help="only the gvisor backend's figures")
     parser.add_argument("--along", action="store_true", help="only a call's cost along a long trial, and its phases")
     args = parser.parse_args()
     if args.along:
         work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))
         along_figures(args.trial_tool, work, sys.executable, args.runs)
+        shutil.rmtree(work)
+        return 0
+    if args.gvisor:
+        work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))
+        gvisor_figures(work, sys.executable, args.runs)
         shutil.rmtree(work)
         return 0
     if args.docker or args.egress:
@@ -1154,6 +1277,7 @@ def main() -> int:
     for engine in ("docker", "podman"):
         docker_figures(work, python, args.runs, engine)
     inspect_docker_figures(work, python, args.runs)
+    gvisor_figures(work, python, args.runs)
     egress_figures(tool, work, python, args.runs)
     trust_figures(python, args.runs)
     server_figures(tool, work, python, args.runs)

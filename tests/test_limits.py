@@ -97,7 +97,7 @@ def test_pinned_limits_round_trip_and_refuse_a_difference() -> None:
     ("given", "words"),
     [
         ({"sandbox": 3}, "--sandbox must be one of"),
-        ({"sandbox": "chroot"}, "--sandbox must be one of none, bwrap, docker, podman, auto"),
+        ({"sandbox": "chroot"}, "--sandbox must be one of none, bwrap, gvisor, docker, podman, auto"),
         ({"image": ""}, "--image must name an image"),
         ({"home": "somewhere"}, "--home must be one of host, trial"),
         ({"workspace": 7}, "--workspace must be a directory"),

@@ -355,3 +355,34 @@ def runsc_binary() -> Any:
     binary, why = find((), None, ("runsc",))
     assert binary is not None, why
     return binary
+
+
+def test_the_report_compares_the_runtime_and_platform(tmp_path: Path, kernels: list[Kernel]) -> None:
+    (tmp_path / "g").mkdir()
+    boxed = Kernel(tmp_path / "g")
+    kernels.append(boxed)
+    assert boxed.sh("true").returncode == 0
+    (tmp_path / "b" / "ws").mkdir(parents=True)
+    flags = ["--sandbox", "bwrap", "--workspace", str(tmp_path / "b" / "ws"), "--cwd", str(tmp_path / "b" / "ws")]
+    argv = [PY, "-m", "trialtool", "--state", str(tmp_path / "b" / "s.json"), "--log", str(tmp_path / "b" / "l.jsonl")]
+    assert subprocess.run([*argv, *flags, "--", "true"], capture_output=True, timeout=90).returncode == 0
+    report = [PY, "-m", "trialtool", "report", "--format", "json", str(tmp_path / "g"), str(tmp_path / "b")]
+    done = subprocess.run(report, capture_output=True, text=True, timeout=120)
+    overview = json.loads(done.stdout)["overview"]
+    pinned = boxed.state_json()["sandbox"]
+    (differs,) = [group["differs"] for group in overview["fairness"]["others"]]
+    # bwrap's trial has no runtime: the two are not the same conditions, by mode, runtime and platform.
+    assert pinned["runtime"] in differs["sandbox.runtime"] and pinned["platform"] in differs["sandbox.platform"]
+    assert sorted(differs["sandbox.mode"]) == ["bwrap", "gvisor"], differs
+
+
+def test_exit_statuses_are_the_commands(box: Kernel) -> None:
+    assert box.sh("exit 7").returncode == 7
+    assert box.sh("kill -TERM $$").returncode == 128 + 15  # a signal, as a shell reports it
+    missing = box.call("no-such-command-here")
+    assert missing.returncode == 127 and "no-such-command-here: not found" in missing.stderr, missing.stderr
+    (box.workspace / "plain").write_text("not a program\n")
+    refused = box.call("./plain")
+    assert refused.returncode == 126, refused.stderr
+    statuses = [record["status"] for record in box.records()]
+    assert statuses[0] == "error" and all(record["charged"] for record in box.records())

@@ -28,9 +28,9 @@ from ._settings import OWNED_SETTINGS, UNSANDBOXED, Sandbox
 BACKENDS: dict[str, Backend] = {
     "none": none,
     "bwrap": bwrap,
+    "gvisor": gvisor,
     "docker": docker.DOCKER,
     "podman": podman.PODMAN,
-    "gvisor": gvisor,
 }
 #: What "auto" tries; `UNSANDBOXED`'s backend where it cannot run, saying why.
 AUTO = "bwrap"

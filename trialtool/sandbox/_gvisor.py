@@ -63,6 +63,11 @@ SETS_OPEN_FILES = True
 LIMITS_INSIDE = True
 
 
+#: What a runsc that ran a tiny sandbox in this process says of itself, and the platform chosen, by its
+#: identity (path, inode, size, mtime: an upgrade is asked again). Only a "yes" is kept, as for bwrap.
+_WORKS: dict[Binary, tuple[runsc.Facts, str]] = {}
+
+
 def own(top: int, children: Callable[[int], list[int]]) -> set[int]:
     """runsc's exec is all there is of the command on this side."""
     return {top}
@@ -98,16 +103,20 @@ def pin(asked: Asked) -> Sandbox:
     binary, reason = find(asked.roots, settings.get("search_path"), ("runsc",), "gVisor is not installed (runsc)")
     if binary is None:
         raise Unavailable(reason or "gVisor is not installed")
-    try:
-        facts = runsc.facts(binary)
-        chosen = runsc.platform(facts.platforms)
-        if chosen is None:
-            raise Unavailable(f"runsc {facts.version} has none of the platforms {', '.join(runsc.PLATFORMS)}")
-        why = probe(binary, chosen)
-    except SandboxError as exc:
-        raise Unavailable(exc.message) from None
-    if why is not None:
-        raise Unavailable(why)
+    known = _WORKS.get(binary)
+    if known is None:
+        try:
+            facts = runsc.facts(binary)
+            chosen = runsc.platform(facts.platforms)
+            if chosen is None:
+                raise Unavailable(f"runsc {facts.version} has none of the platforms {', '.join(runsc.PLATFORMS)}")
+            why = probe(binary, chosen)
+        except SandboxError as exc:
+            raise Unavailable(exc.message) from None
+        if why is not None:
+            raise Unavailable(why)
+        known = _WORKS[binary] = (facts, chosen)
+    facts, chosen = known
     pins = tuple(identity(path) for path in (asked.workspace, *asked.writable))
     return Sandbox(
         "gvisor",

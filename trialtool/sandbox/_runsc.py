@@ -13,13 +13,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import SandboxError
 from ..osio import plain
 from . import _pinned as pinned
 from ._settings import Binary
+
+if TYPE_CHECKING:
+    import subprocess
 
 #: Where runsc keeps the state of trial-tool's sandboxes, and their bundles (`bundles/<id>`).
 ROOT = "/run/trialtool-gvisor"
@@ -39,6 +41,8 @@ class Facts(NamedTuple):
 
 def run(binary: Binary, *args: str, timeout: float = _TIMEOUT) -> subprocess.CompletedProcess[bytes]:
     """The pinned runsc run on `args` (with the state directory first); SandboxError if it does not answer."""
+    import subprocess  # not at import: a call of another backend never loads it (the CLI counts its imports)
+
     try:
         return subprocess.run(
             [binary.path, "--root", ROOT, *args],
@@ -108,6 +112,8 @@ def start(binary: Binary, container: str, spec: dict[str, object], flags: list[s
     said_path = os.path.join(directory, "start.log")
     out = os.open(said_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     argv = [binary.path, "--root", ROOT, *flags, "run", "--bundle", directory, *(["--detach"] if detach else [])]
+    import subprocess
+
     try:
         done = subprocess.run(
             [*argv, container], stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=_TIMEOUT, check=False
