@@ -23,6 +23,23 @@ from trialtool.output import tokens
 __all__ = ["engine"]  # the container engine's fixture, for the docker backend's tests and mini's over it
 
 
+def gvisor_unavailable() -> str | None:
+    """Why gVisor cannot run a sandbox here (runsc's words), or None when it can: asked once a test run."""
+    if not _GVISOR:
+        from trialtool.sandbox._base import Asked, Unavailable
+        from trialtool.sandbox._gvisor import pin
+
+        try:
+            pin(Asked("gvisor", {}, os.getcwd(), ()))
+            _GVISOR.append(None)
+        except Unavailable as exc:
+            _GVISOR.append(exc.reason)
+    return _GVISOR[0]
+
+
+_GVISOR: list[str | None] = []
+
+
 def _command_python() -> str:
     """A Python that a command in the sandbox can run.
 

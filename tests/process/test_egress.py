@@ -20,11 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import COMMAND_PY, TrialFiles
+from tests.conftest import COMMAND_PY, TrialFiles, gvisor_unavailable
 from tests.networld import World, git_repository, package_index, world
 from trialtool import sandbox
-from trialtool.sandbox._base import Asked, Unavailable
-from trialtool.sandbox._gvisor import pin as pin_gvisor
 
 __all__ = ["world"]  # the fixture, used by name
 
@@ -56,17 +54,6 @@ def served(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[W
     return world
 
 
-def _gvisor_unavailable() -> str | None:
-    try:
-        pin_gvisor(Asked("gvisor", {}, os.getcwd(), ()))
-    except Unavailable as exc:
-        return exc.reason
-    return None
-
-
-GVISOR_UNAVAILABLE = _gvisor_unavailable()
-
-
 class Inside:
     """A trial whose calls run in the tests' world, in the sandbox `backend`."""
 
@@ -96,8 +83,8 @@ _THEIRS = ("PIP_", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_", "GIT_")
 
 @pytest.fixture(params=["bwrap", "gvisor"])
 def inside(served: World, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Inside]:
-    if request.param == "gvisor" and GVISOR_UNAVAILABLE is not None:
-        pytest.skip(f"gVisor cannot run here: {GVISOR_UNAVAILABLE}")
+    if request.param == "gvisor" and (why := gvisor_unavailable()) is not None:
+        pytest.skip(f"gVisor cannot run here: {why}")
     trial = Inside(served, tmp_path, backend=request.param)
     yield trial
     if request.param == "gvisor" and trial.files.state.exists():  # its sandbox ended

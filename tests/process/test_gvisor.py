@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,26 +20,16 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import COMMAND_PY
+from tests.conftest import COMMAND_PY, gvisor_unavailable
 from tests.process.test_sandbox import Sandboxed
 from trialtool.errors import EXIT_INTERNAL, EXIT_REFUSED, EXIT_TIMEOUT, TrialToolError
 from trialtool.sandbox import _runsc as runsc
-from trialtool.sandbox._base import Asked, Unavailable
-from trialtool.sandbox._gvisor import pin
 
 PY = sys.executable
 KEY = "k3y-0f-the-ledger-" + "y" * 20
 
 
-def _why_not() -> str | None:
-    try:
-        pin(Asked("gvisor", {}, os.getcwd(), ()))
-    except Unavailable as exc:
-        return exc.reason
-    return None
-
-
-WHY_NOT = _why_not()
+WHY_NOT = gvisor_unavailable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"gVisor cannot run here: {WHY_NOT}")
 
 
@@ -386,3 +377,39 @@ def test_exit_statuses_are_the_commands(box: Kernel) -> None:
     assert refused.returncode == 126, refused.stderr
     statuses = [record["status"] for record in box.records()]
     assert statuses[0] == "error" and all(record["charged"] for record in box.records())
+
+
+FAKE_RUNSC = '#!/bin/sh\ntouch {marker}\nexec /usr/bin/env runsc "$@"\n'
+
+
+def test_a_runsc_planted_on_path_never_runs(box: Kernel) -> None:
+    """An activated venv's bin in the workspace, and "." on PATH: runsc is found once, never there."""
+    marker = box.root / "ESCAPED"
+    (box.workspace / "bin").mkdir()
+    env = dict(os.environ, PATH=f"{box.workspace / 'bin'}:.:{os.environ['PATH']}")
+    for place in (box.workspace / "bin" / "runsc", box.workspace / "runsc"):
+        place.write_text(FAKE_RUNSC.format(marker=marker))
+        place.chmod(0o755)
+    argv = [PY, "-m", "trialtool", *box.flags, *box.pinned, "--", "echo", "hi"]
+    for _ in range(2):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=90, cwd=box.workspace, env=env)
+        assert done.returncode == 0 and done.stdout == "hi\n", done.stderr
+    assert box.state_json()["sandbox"]["binary"]["path"] == os.path.realpath("/usr/bin/runsc")
+    assert not marker.exists()
+
+
+def test_a_pinned_runsc_that_changed_fails_closed(box: Kernel) -> None:
+    tools = box.root / "tools"
+    tools.mkdir(mode=0o755)
+    copy = tools / "runsc"
+    shutil.copy2(os.path.realpath("/usr/bin/runsc"), copy)
+    env = dict(os.environ, PATH=f"{tools}:{os.environ['PATH']}", TRIALTOOL_SERVER="off")
+    argv = [PY, "-m", "trialtool", *box.flags, *box.pinned, "--", "echo", "hi"]
+    assert subprocess.run(argv, capture_output=True, timeout=90, cwd=box.workspace, env=env).returncode == 0
+    assert box.state_json()["sandbox"]["binary"]["path"] == str(copy)
+    before = box.state.read_bytes(), box.log.read_bytes()
+    os.utime(copy, ns=(0, 0))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=90, cwd=box.workspace, env=env)
+    assert done.returncode == EXIT_INTERNAL and done.stdout == "", done.stdout + done.stderr
+    assert "sandbox executable" in done.stderr and done.stderr.count("\n") == 1
+    assert (box.state.read_bytes(), box.log.read_bytes()) == before

@@ -15,13 +15,14 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.conftest import COMMAND_PY, calls_of, stop_servers
+from tests.conftest import COMMAND_PY, calls_of, gvisor_unavailable, stop_servers
 from trialtool import sandbox as seam
 
 PY = sys.executable
@@ -34,8 +35,8 @@ pytestmark = pytest.mark.skipif(
 class Host:
     """A trial's files beside a workspace, a marker no command can write, and the CLI to call with."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, backend: str = "bwrap") -> None:
+        self.root, self.backend = root, backend
         self.workspace = root / "ws"
         self.workspace.mkdir()
         (root / "trial").mkdir()
@@ -50,12 +51,13 @@ class Host:
         *,
         env: dict[str, str] | None = None,
         python: str = PY,
-        flags: tuple[str, ...] = ("--sandbox", "bwrap"),
+        flags: tuple[str, ...] | None = None,
         state: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """A call of this trial (or of another, `state`, beside it), pinned to bwrap unless `flags` say not."""
+        """A call of this trial (or of another, `state`, beside it), pinned to its backend unless `flags` say not."""
         files = [self.state, self.log] if state is None else [self.root / f"{state}.json", self.root / f"{state}.jsonl"]
-        argv = [python, "-m", "trialtool", "--state", str(files[0]), "--log", str(files[1]), *flags]
+        argv = [python, "-m", "trialtool", "--state", str(files[0]), "--log", str(files[1])]
+        argv += ["--sandbox", self.backend] if flags is None else flags
         argv += ["--", "sh", "-c", command]
         return subprocess.run(argv, capture_output=True, text=True, timeout=90, cwd=self.workspace, env=env)
 
@@ -73,12 +75,26 @@ class Host:
         assert checked.returncode == 0, checked.stdout + checked.stderr
         records = self.records()
         assert len(records) == calls
-        assert all(record["sandbox"] == "bwrap" for record in records if record.get("status") != "refused")
+        assert all(record["sandbox"] == self.backend for record in records if record.get("status") != "refused")
 
 
 @pytest.fixture
 def host(tmp_path_factory: pytest.TempPathFactory) -> Host:
     return Host(tmp_path_factory.mktemp("w"))
+
+
+@pytest.fixture(params=["bwrap", "gvisor"])
+def any_host(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Host]:
+    """A Host under each backend over the host's root: bwrap's, and gVisor's (its sandbox ended after)."""
+    if request.param == "gvisor" and (why := gvisor_unavailable()) is not None:
+        pytest.skip(f"gVisor cannot run here: {why}")
+    made = Host(tmp_path_factory.mktemp("w"), request.param)
+    yield made
+    for state in (made.state, *made.root.glob("*.json")):
+        if request.param == "gvisor" and state.exists():
+            log = state.with_suffix(".jsonl") if state != made.state else made.log
+            closing = [PY, "-m", "trialtool", "close", "--state", str(state), "--log", str(log)]
+            subprocess.run(closing, capture_output=True, timeout=120, env=_env(TRIALTOOL_SERVER="off"))
 
 
 def _env(**changes: str | None) -> dict[str, str]:
@@ -162,7 +178,8 @@ def _server_stopper(directory: Path) -> None:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("where", ["TRIALTOOL_SERVER_DIR", "TMPDIR"])
 @pytest.mark.parametrize("mode", ["server", "in-process"])
-def test_a_command_cannot_have_the_server_run_a_call_on_the_host(host: Host, where: str, mode: str) -> None:
+def test_a_command_cannot_have_the_server_run_a_call_on_the_host(any_host: Host, where: str, mode: str) -> None:
+    host = any_host
     # The server's directory where the sandbox can see it: in the workspace.
     visible = host.workspace / "runtime"
     visible.mkdir(mode=0o700)
@@ -296,7 +313,8 @@ def _venv_in_workspace(host: Host, editable: bool) -> str:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("editable", [False, True], ids=["venv", "editable"])
 @pytest.mark.parametrize("mode", ["server", "in-process"])
-def test_code_planted_in_trial_tools_installation_never_runs(host: Host, editable: bool, mode: str) -> None:
+def test_code_planted_in_trial_tools_installation_never_runs(any_host: Host, editable: bool, mode: str) -> None:
+    host = any_host
     python = _venv_in_workspace(host, editable)
     env = _env(TRIALTOOL_SERVER="on" if mode == "server" else "off")
     first = host.call("true", env=env, python=python)
@@ -439,7 +457,10 @@ def test_auto_says_why_it_fell_back(host: Host) -> None:
 
 
 @pytest.mark.parametrize("mode", ["server", "in-process"])
-def test_a_nested_writable_path_cannot_be_swapped_for_a_symlink(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize("backend", ["bwrap", "gvisor"])
+def test_a_nested_writable_path_cannot_be_swapped_for_a_symlink(tmp_path: Path, mode: str, backend: str) -> None:
+    if backend == "gvisor" and (why := gvisor_unavailable()) is not None:
+        pytest.skip(f"gVisor cannot run here: {why}")
     outer = tmp_path / "H"
     workspace = outer / "work" / "repo"
     workspace.mkdir(parents=True)
@@ -448,7 +469,7 @@ def test_a_nested_writable_path_cannot_be_swapped_for_a_symlink(tmp_path: Path, 
     secret_dir.mkdir()
     state, log = tmp_path / "trial" / "s.json", tmp_path / "trial" / "l.jsonl"
     argv = [PY, "-m", "trialtool", "--state", str(state), "--log", str(log)]
-    pinned = ["--sandbox", "bwrap", "--workspace", str(workspace), "--writable", str(outer)]
+    pinned = ["--sandbox", backend, "--workspace", str(workspace), "--writable", str(outer)]
     env = _env(TRIALTOOL_SERVER="on" if mode == "server" else "off")
 
     def call(script: str, *flags: str) -> subprocess.CompletedProcess[str]:
@@ -487,6 +508,8 @@ def test_a_nested_writable_path_cannot_be_swapped_for_a_symlink(tmp_path: Path, 
         [PY, "-m", "trialtool", "verify", "--state", str(state), "--log", str(log)], capture_output=True, timeout=60
     )
     assert verified.returncode == 0
+    if backend == "gvisor":  # its sandbox ended
+        subprocess.run([*argv[:-4], "close", *argv[-4:]], capture_output=True, timeout=120, env=env)
 
 
 def test_the_server_keeps_no_no(host: Host) -> None:

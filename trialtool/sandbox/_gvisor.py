@@ -340,7 +340,7 @@ class _Call:
         argv += [self.container, gvspec.interpreter(sandbox.ids[0]), "-I", "-S", "-B", "-c", *loader]
         argv += ["/bin/sh", "-c", SCRIPT, "sh", "run", cwd, " ".join(request.unset_env), *request.argv]
         egress = sandbox.allow if socket_path is not None else None
-        return Wrapped(argv, dict(os.environ), place=self.container, egress=egress, egress_socket=socket_path)
+        return Wrapped(argv, dict(runsc.ENV), place=self.container, egress=egress, egress_socket=socket_path)
 
     def where(self) -> dict[str, object]:
         sandbox = self.kernel.sandbox

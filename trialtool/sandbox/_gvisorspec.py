@@ -167,8 +167,11 @@ def mounts(sandbox: Sandbox, hide: Layout) -> list[dict[str, object]]:
 
     rows = [(path, 0, empty(path)) for path in hide.covered]
     rows += [(root, 1, bind(root, root, "rw")) for root in sandbox.roots]
-    rows += [(path, 2, empty(path)) for path in hide.masked]
-    rows += [(path, 2, bind(path, path, "ro")) for path in hide.protected]
+    # Held: every directory between a writable path and what is kept inside it, bound onto itself, so that
+    # the command cannot rename the way to it (a mount point cannot be renamed), as under bwrap.
+    rows += [(path, 2, bind(path, path, "rw")) for path in hide.held]
+    rows += [(path, 3, empty(path)) for path in hide.masked]
+    rows += [(path, 3, bind(path, path, "ro")) for path in hide.protected]
     # The sandbox's /tmp first (kept while it lives): a workspace under the host's /tmp goes on top of it.
     tmp: dict[str, object] = {
         "destination": "/tmp",

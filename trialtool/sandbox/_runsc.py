@@ -28,6 +28,9 @@ ROOT = "/run/trialtool-gvisor"
 #: The platforms trial-tool picks from, best first: kvm only when asked, since a /dev/kvm that is
 #: there but cannot run a guest (nested virtualisation turned off) hangs runsc rather than failing.
 PLATFORMS = ("systrap", "ptrace")
+#: The environment every runsc of trial-tool's runs with: none of the caller's. runsc makes the sandbox's
+#: chroot under TMPDIR, which a caller's TMPDIR in a workspace (or a directory its user cannot reach) breaks.
+ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 #: How long runsc may take to make a sandbox, or answer about one.
 _TIMEOUT = 60.0
 
@@ -50,6 +53,7 @@ def run(binary: Binary, *args: str, timeout: float = _TIMEOUT) -> subprocess.Com
             stdin=subprocess.DEVNULL,
             timeout=timeout,
             check=False,
+            env=ENV,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SandboxError(f"gVisor's runsc {binary.path} did not answer: {exc}") from exc
@@ -116,7 +120,13 @@ def start(binary: Binary, container: str, spec: dict[str, object], flags: list[s
 
     try:
         done = subprocess.run(
-            [*argv, container], stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=_TIMEOUT, check=False
+            [*argv, container],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            timeout=_TIMEOUT,
+            check=False,
+            env=ENV,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         delete(binary, container)
@@ -185,6 +195,7 @@ def listed(binary: Binary) -> list[str]:
 
 
 __all__ = [
+    "ENV",
     "PLATFORMS",
     "ROOT",
     "Facts",
