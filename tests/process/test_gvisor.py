@@ -78,10 +78,8 @@ def kernels(tmp_path: Path) -> Iterator[list[Kernel]]:
         if kernel.state.exists():
             kernel.container  # noqa: B018 (read before the close, for the delete below)
             kernel.close()
-        if kernel._container is not None:
-            subprocess.run(
-                ["runsc", "--root", runsc.ROOT, "delete", "--force", kernel._container], capture_output=True, timeout=60
-            )
+        if kernel._container is not None:  # by the id, whatever became of the trial's runsc: its bundle too
+            runsc.delete(runsc_binary(), kernel._container)
 
 
 @pytest.fixture
