@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import COMMAND_PY, gvisor_unavailable
-from tests.process.test_sandbox import Sandboxed
+from tests.process.test_sandbox import PROCESSES, Sandboxed
 from trialtool.errors import EXIT_INTERNAL, EXIT_REFUSED, EXIT_TIMEOUT, TrialToolError
 from trialtool.sandbox import _runsc as runsc
 
@@ -183,12 +183,7 @@ def test_no_privilege_and_no_file_that_grants_any(box: Kernel) -> None:
 
 
 def test_no_trial_tool_process_and_no_network(box: Kernel) -> None:
-    code = (
-        "import os\n"
-        "for pid in sorted(int(p) for p in os.listdir('/proc') if p.isdigit()):\n"
-        "    print(pid, open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')[0].decode())\n"
-    )
-    done = box.call(COMMAND_PY, "-c", code)
+    done = box.call(COMMAND_PY, "-c", PROCESSES)
     assert done.returncode == 0, done.stderr
     seen = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     assert all("trialtool" not in name and "trial-tool" not in name and "runsc" not in name for name in seen.values())

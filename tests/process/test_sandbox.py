@@ -28,6 +28,12 @@ from trialtool import sandbox
 
 PY = sys.executable
 KEY = "k3y-0f-the-ledger-" + "x" * 20
+#: Run inside a call: every process it can see, a line each (its pid and program).
+PROCESSES = (
+    "import os\n"
+    "for pid in sorted(int(p) for p in os.listdir('/proc') if p.isdigit()):\n"
+    "    print(pid, open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')[0].decode())\n"
+)
 
 pytestmark = pytest.mark.skipif(
     sandbox.unavailable() is not None, reason=f"the bwrap sandbox cannot run here: {sandbox.unavailable()}"
@@ -162,12 +168,7 @@ def test_no_privilege_to_undo_the_sandbox(box: Sandboxed) -> None:
 
 def test_no_trial_tool_process_is_visible(box: Sandboxed) -> None:
     # Every process the command can see is its own or bwrap's: no ancestor's descriptors to write to.
-    code = (
-        "import os\n"
-        "for pid in sorted(int(p) for p in os.listdir('/proc') if p.isdigit()):\n"
-        "    print(pid, open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')[0].decode())\n"
-    )
-    done = box.call(COMMAND_PY, "-c", code)
+    done = box.call(COMMAND_PY, "-c", PROCESSES)
     assert done.returncode == 0, done.stderr
     seen = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     assert all("trialtool" not in name and "trial-tool" not in name for name in seen.values()), seen

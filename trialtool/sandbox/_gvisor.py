@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from ..errors import SandboxError, UsageError
 from ..osio import alive, plain, process_token
 from . import _gvisorspec as gvspec
+from . import _pinned as pinned
 from . import _runsc as runsc
 from . import _seccomp as seccomp
 from . import _view as view
@@ -228,8 +229,6 @@ class Kernel:
                 hand_over(self.sandbox.pins, uid, gid)  # a root harness's files, for the command to write
             except OSError as exc:
                 raise SandboxError(f"the workspace cannot be handed to uid {uid}: {exc.strerror or exc}") from exc
-        from . import _pinned as pinned
-
         pinned.check(self.sandbox.pins)
         request = call.request
         hide = view.hidden(
@@ -303,8 +302,6 @@ def _net_directory(trial_id: str) -> str:
     """The host directory of the trial's proxy socket, beside its bundle (0755: the sandbox's user reaches it there)."""
     runsc.state_directory()
     path = os.path.join(runsc.ROOT, "net", name_of(trial_id))
-    from . import _pinned as pinned
-
     pinned.own_directory(os.path.join(runsc.ROOT, "net"), "gVisor's network directory")
     pinned.own_directory(path, "the trial's proxy directory")
     os.chmod(path, 0o755)
@@ -315,7 +312,7 @@ class _Call:
     """One call in the trial's sandbox: `runsc exec` of the loader, and what its record says of the sandbox."""
 
     def __init__(self, kernel: Kernel, trial_id: str, made: str | None) -> None:
-        self.kernel, self.trial_id, self.container, self.made = kernel, trial_id, name_of(trial_id), made
+        self.kernel, self.container, self.made = kernel, name_of(trial_id), made
 
     def wrap(self, request: CallRequest, env: dict[str, str] | None, limits: Limits) -> Wrapped:
         sandbox = self.kernel.sandbox
@@ -327,7 +324,8 @@ class _Call:
             from .network import environment  # the proxy's modules: only for a call that needs them
 
             variables.update(environment(sandbox.allow))
-            socket_path = os.path.join(_net_directory(self.trial_id), "proxy.sock")
+            # Made by the call's check (and again with each new sandbox): here only named.
+            socket_path = os.path.join(runsc.ROOT, "net", self.container, "proxy.sock")
         argv = [self.kernel.binary.path, "--root", runsc.ROOT, "exec", "--user", "{}:{}".format(*sandbox.ids)]
         argv += ["--internal-pid-file", f"/dev/fd/{STATUS_FD}"]
         for name, value in variables.items():
