@@ -2,6 +2,7 @@
 
 The typed API is `Trial`, `CallRequest`, `Limits`, `CallResult`, `Budget`,
 `TrialState` (what `Trial.init` and `Trial.status` return), `read_key_file`,
+`read_signing_key` and `Attestation` (a signed trial's key, and its statement),
 `toolreply` (what an agent reads back from a call, for a harness's own tools)
 and the exception tree rooted in `TrialToolError`; `openai_tool` and `handle_tool_call` wire a
 trial into OpenAI-style function calling. Importing the package has no side
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
     from .doors.openai_tools import ahandle_tool_call, handle_tool_call, openai_tool
     from .ledger import TrialState, read_key_file
     from .output import seed_tiktoken_cache
-    from .trial import Trial
+    from .signing import read_signing_key
+    from .trial import Attestation, Trial
     from .types import Budget, CallRequest, CallResult, Limits, Ran
 
 _LAZY = {
@@ -53,6 +55,9 @@ _LAZY = {
     "read_key_file": "ledger",
     "TrialState": "ledger",
     "Trial": "trial",
+    "Attestation": "trial",
+    # A signed trial's key (`Trial(signing_key=...)`), read from its file.
+    "read_signing_key": "signing",
     # Puts the bundled o200k_base file where tiktoken looks, for a harness that builds its own encoder.
     "seed_tiktoken_cache": "output",
     "openai_tool": "doors.openai_tools",
@@ -96,6 +101,7 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "EXIT_REFUSED",
     "EXIT_TIMEOUT",
+    "Attestation",
     "Budget",
     "BudgetExhausted",
     "CallRequest",
@@ -117,6 +123,7 @@ __all__ = [
     "handle_tool_call",
     "openai_tool",
     "read_key_file",
+    "read_signing_key",
     "remove_container",
     "seed_tiktoken_cache",
     "sweep_command",

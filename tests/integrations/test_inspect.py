@@ -375,3 +375,19 @@ def test_a_login_shell_whose_profile_writes_under_home_leaves_the_model_no_warni
     assert texts == ["hi\n", ".rehash\n"]
     # The host's home: untouched by the command (inspect itself, on the host, keeps its data in ~/.local).
     assert list((home / ".pyenv" / "shims").iterdir()) == []
+
+
+def test_a_signed_samples_metadata_carries_its_statements_digest(tmp_path: Path) -> None:
+    from trialtool.ledger._verify import verify as check
+    from trialtool.signing import generate, read_public_keys
+
+    key = generate(str(tmp_path / "trial.key"))
+    (tmp_path / "trial.pub").write_text(key.public.pem())
+    log = run_eval(tmp_path, {"limits": {"max_calls": 3}, "signing_key": str(tmp_path / "trial.key")})
+    trusted = read_public_keys(str(tmp_path / "trial.pub"))
+    for sample in read_eval_log(log.location).samples:
+        account = sample.metadata["trialtool"]
+        found = check(account["state"], account["log"], trusted=trusted)
+        assert found.verdict == "clean" and found.signatures is not None, found.why
+        assert account["statement"]["statement_sha256"] == found.signatures.statement_sha256
+        assert account["statement"]["signer"] == key.fingerprint

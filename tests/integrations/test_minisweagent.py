@@ -204,3 +204,32 @@ def test_over_a_container_of_the_tasks_image(tmp_path: Path, engine: Engine) -> 
     assert [r["status"] for r in records] == ["ok", "timeout", "ok"]
     assert {r["container"]["image_id"] for r in records} == {engine.image_id}
     assert engine.state_of(name) is None  # close() removed the trial's container
+
+
+def test_a_signed_trial_ends_in_a_statement_the_trajectory_names(tmp_path: Path) -> None:
+    """With a signing key, the agent's submission signs the trial's statement before mini saves the run:
+    the trajectory names the statement's digest, which the public key alone checks."""
+    from trialtool.ledger._verify import verify as check
+    from trialtool.signing import generate, read_public_keys
+
+    key = generate(str(tmp_path / "trial.key"))
+    (tmp_path / "trial.pub").write_text(key.public.pem())
+    agent = agent_over(
+        tmp_path,
+        ["echo work", f"echo {SUBMIT} && echo done"],
+        limits={"max_calls": 5, "sandbox": "none"},
+        signing_key=str(tmp_path / "trial.key"),
+    )
+    try:
+        outcome = agent.run("go")
+    finally:
+        agent.env.close()
+    assert outcome["exit_status"] == "Submitted"
+    info = agent.serialize()["info"]["trial_tool"]
+    assert info["signer"] == key.fingerprint and info["statement"]["signed_on"] == "close"
+    found = check(
+        tmp_path / "state.json", tmp_path / "log.jsonl", trusted=read_public_keys(str(tmp_path / "trial.pub"))
+    )
+    assert found.verdict == "clean" and found.signatures is not None
+    assert found.signatures.statement_sha256 == info["statement"]["sha256"]
+    assert info["statement"]["path"] == str(tmp_path / "log.jsonl.intoto.json")

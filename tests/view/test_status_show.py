@@ -40,12 +40,13 @@ def test_status_json_has_the_documented_shape(files: TrialFiles) -> None:
     shown = json.loads(done.stdout)
     assert set(shown) == {
         "trial_id", "labels", "state", "log", "limits", "sandbox", "used", "left", "in_flight", "refused_calls",
-        "ended_by", "statuses", "grading_commands", "records", "chain", "head", "integrity",
+        "ended_by", "statuses", "grading_commands", "records", "chain", "head", "integrity", "signature",
     }  # fmt: skip
     assert shown["used"]["calls"] == 2 and shown["left"]["calls"] == 3
     assert shown["left"]["tokens"] == 1000 - shown["used"]["tokens"]
     assert shown["statuses"] == {"ok": 1, "error": 1} and shown["chain"] == "sha256"
     assert shown["integrity"] == {"verdict": "clean"} and shown["ended_by"] is None
+    assert shown["signature"] == {"status": "not_checked", "signer": None}  # unsigned, and no --public-key
 
 
 def test_a_tampered_log_is_named_with_its_first_bad_call(files: TrialFiles) -> None:

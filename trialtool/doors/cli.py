@@ -8,6 +8,8 @@
     trial-tool mcp   --state S --log L [limits] [--max-concurrent N]   an MCP stdio server
     trial-tool shim DIR --state S --log L [limits]   write DIR/sh, DIR/bash: budgeted shells
     trial-tool server status|stop                   the per-user server that runs calls warm
+    trial-tool keygen -o FILE                       an Ed25519 signing key; prints its public key
+    trial-tool attest --state S --log L --signing-key K   sign the trial's statement now
 
 Everything after the first `--` is the command, untouched. Every TrialToolError
 becomes one line on stderr and its class's exit code, in `main` and nowhere else.
@@ -171,9 +173,15 @@ def _install_shim(args: Arguments) -> int:
             value = os.path.abspath(value)
         shown = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
         flags += [flag, shown]
-    for flag, value in (("--key-file", args.key_file), ("--o200k-file", args.o200k_file)):
+    for flag, value in (
+        ("--key-file", args.key_file),
+        ("--signing-key", args.signing_key),
+        ("--o200k-file", args.o200k_file),
+    ):
         if value is not None:
             flags += [flag, os.path.abspath(value)]
+    if args.checkpoint_every is not None:
+        flags += ["--checkpoint-every", str(args.checkpoint_every)]
     for path in shim.install(args.directory, flags):
         print(path)
     return 0
@@ -228,9 +236,9 @@ def _run(argv: list[str]) -> int:
 
         from ..ledger import verify as verifying
         from .fromflags import key_of
-        from .graders import verdict_exit
+        from .graders import trusted_of, verdict_exit
 
-        report = verifying.verify(args.state, args.log, key_of(args), args.expect_head)
+        report = verifying.verify(args.state, args.log, key_of(args), args.expect_head, trusted_of(args))
         print(json.dumps(report.as_json(), indent=2) if args.json else verifying.render(report))
         return verdict_exit(report.verdict, strict=args.strict)
     if command in ("status", "show", "report", "export"):
@@ -247,6 +255,10 @@ def _run(argv: list[str]) -> int:
         from . import containers
 
         return containers.close(args) if command == "close" else containers.gc(args)
+    if command in ("attest", "keygen"):
+        from . import signed
+
+        return signed.attest(args) if command == "attest" else signed.keygen(args)
     if command in ("serve", "mcp"):
         return _serve(args)
     import json

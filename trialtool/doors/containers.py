@@ -49,6 +49,9 @@ def close(args: Arguments) -> int:
         print(f"removed the container of trial {trial_id}")
     else:
         print(f"trial {trial_id} has no container")
+    if trial.ledger.signing_key is not None:
+        made = trial.attest("close")
+        print(f"signed {made.records} records of the log: {made.path} (statement sha256 {made.sha256})")
     return 0
 
 

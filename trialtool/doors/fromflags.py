@@ -12,12 +12,14 @@ from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from ..ledger import key_from_environ, read_key_file
+from ..signing import signing_key_path
 from ..types import CallRequest, Command
 from .options import Arguments, overrides
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..process import ForkServer
+    from ..signing import SigningKey
     from ..trial import Trial
 
 
@@ -38,12 +40,22 @@ class TrialSettings(TypedDict):
     rank_file: str | None
     key: bytes | None
     hidden_files: list[str]
+    signing_key: SigningKey | None
+    checkpoint_every: int | None
 
 
 def trial_settings(args: Arguments, environ: Mapping[str, str] = os.environ) -> TrialSettings:
     """Trial's arguments for these flags, in the caller's `environ`: equal flags, equal settings."""
     from ..output import RANK_FILE_ENV
 
+    hidden = [args.key_file] if args.key_file is not None else []
+    signing_path = signing_key_path(getattr(args, "signing_key", None), environ)
+    signing_key = None
+    if signing_path is not None:
+        from ..signing import read_signing_key
+
+        signing_key = read_signing_key(signing_path)
+        hidden.append(signing_path)
     return {
         "state_path": args.state,
         "log_path": args.log,
@@ -51,7 +63,9 @@ def trial_settings(args: Arguments, environ: Mapping[str, str] = os.environ) -> 
         "lock_timeout": args.lock_timeout,
         "rank_file": getattr(args, "o200k_file", None) or environ.get(RANK_FILE_ENV) or None,
         "key": key_of(args, environ),
-        "hidden_files": [args.key_file] if args.key_file is not None else [],
+        "hidden_files": hidden,
+        "signing_key": signing_key,
+        "checkpoint_every": getattr(args, "checkpoint_every", None),
     }
 
 

@@ -27,7 +27,31 @@ REPORT_FORMATS = ("table", "json", "csv", "markdown", "html")
 
 #: `verify`'s and `report`'s exit code for each verdict (ledger/_verify.py); those of `unconfirmed`
 #: and `in_flight`, a crash or a call under way, only with --strict (without it, 0).
-EXIT_OF_VERDICT = {"clean": 0, "failed": 1, "unverified": 3, "unconfirmed": 4, "in_flight": 5}
+EXIT_OF_VERDICT = {
+    "clean": 0,
+    "failed": 1,
+    "unverified": 3,
+    "unconfirmed": 4,
+    "in_flight": 5,
+    "signature_invalid": 6,
+    "unsigned": 7,
+}
+
+
+def trusted_of(args: Arguments) -> dict[str, Any] | None:
+    """The public keys --public-key names, by fingerprint (signing.PublicKey); None without it."""
+    path = getattr(args, "public_key", None)
+    if path is None:
+        return None
+    from ..signing import read_public_keys
+
+    return dict(read_public_keys(path))
+
+
+def _raw_trusted(args: Arguments) -> tuple[bytes, ...] | None:
+    """--public-key's keys as bytes, for the report's worker processes."""
+    found = trusted_of(args)
+    return None if found is None else tuple(key.raw for key in found.values())
 
 
 def verdict_exit(verdict: str, *, strict: bool) -> int:
@@ -44,7 +68,7 @@ def status(args: Arguments, key: bytes | None) -> int:
     if not os.path.lexists(args.state) and os.path.lexists(args.log):
         # What is left of a budget is the state's to say; a log alone cannot (verify and show read it).
         raise StateError(f"no such state file: {args.state}; its log is there: `trial-tool verify` checks it")
-    summary = summarize(args.state, args.log, key, now=True)
+    summary = summarize(args.state, args.log, key, now=True, trusted=_raw_trusted(args))
     if args.json:
         print(json.dumps(_status_document(summary), indent=2))
     else:
@@ -72,6 +96,7 @@ def _status_document(summary: Summary) -> dict[str, object]:
         "chain": "hmac-sha256" if summary["keyed"] else "sha256",
         "head": summary["head"],
         "integrity": summary["integrity"],
+        "signature": summary["signature"],
     }
 
 
@@ -209,7 +234,10 @@ def report(args: Arguments, key: bytes | None) -> int:
     joined = _joined(args)
     found = find(args.paths)
     _tell(found.note())
-    built = reports.build(found.pairs, key=key, workers=args.jobs, with_calls=chosen == "html", **joined)
+    trusted = _raw_trusted(args)
+    built = reports.build(
+        found.pairs, key=key, workers=args.jobs, with_calls=chosen == "html", trusted=trusted, **joined
+    )
     built.overview["ignored_inside_workspaces"] = found.ignored
     base = os.path.commonpath([os.path.abspath(p) for p in args.paths if "*" not in p] or [os.getcwd()])
     writers: dict[str, Callable[..., None]] = {
@@ -269,7 +297,7 @@ def export(args: Arguments, key: bytes | None) -> int:
     if args.trials is not None:
         from ..view import report as reports
 
-        built = reports.build(found.pairs, key=key, workers=workers, **_joined(args))
+        built = reports.build(found.pairs, key=key, workers=workers, trusted=_raw_trusted(args), **_joined(args))
         try:
             _write_table(exports, chosen, args.trials, exports.trial_rows(built), exports.TRIALS_SCHEMA)
         finally:

@@ -19,11 +19,15 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
 #: The commands on a trial; `server` is about the per-user server and takes no trial.
-_TRIAL = ("run", "init", "status", "show", "verify", "serve", "mcp", "shim", "close")
+_TRIAL = ("run", "init", "status", "show", "verify", "serve", "mcp", "shim", "close", "attest")
 #: The graders' commands over many trials, named by paths.
 _MANY = ("report", "export")
-SUBCOMMANDS = (*_TRIAL, *_MANY, "server", "gc")
+SUBCOMMANDS = (*_TRIAL, *_MANY, "server", "gc", "keygen")
 _CALLING = ("run", "init", "serve", "mcp", "shim")
+#: The commands that write a trial's records, and so sign them when it is signed.
+_SIGNING = (*_CALLING, "close", "attest")
+#: The commands that check signatures against trusted public keys.
+_CHECKING = ("verify", "status", *_MANY)
 _SERVING = ("serve", "mcp")
 _ENCODING = ("run", "serve", "mcp", "shim")
 _LIMIT = "limits (pinned when the trial is created)"
@@ -44,7 +48,23 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
         None,
         "file holding the ledger key (else $TRIALTOOL_LEDGER_KEY)",
     ),
-    ("--json", "json", "switch", ("verify", "status", "show", "init"), None, "print JSON instead of text"),
+    (
+        "--signing-key",
+        "signing_key",
+        "text",
+        _SIGNING,
+        None,
+        "the trial's Ed25519 signing key file (else $TRIALTOOL_SIGNING_KEY): a signed trial",
+    ),
+    (
+        "--public-key",
+        "public_key",
+        "text",
+        _CHECKING,
+        None,
+        "a file of trusted Ed25519 public keys: check each trial's signatures with them",
+    ),
+    ("--json", "json", "switch", ("verify", "status", "show", "init", "attest"), None, "print JSON instead of text"),
     ("--strict", "strict", "switch", ("verify", "report"), None, "exit non-zero for any trial that is not clean"),
     ("--heads", "heads", "text", _MANY, None, "trial_id and head the harness was given, CSV or JSONL"),
     ("--expect-head", "expect_head", "text", ("verify",), None, "the chain head the harness was last given"),
@@ -58,7 +78,7 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
         None,
         "table, json, csv, markdown, html (report); jsonl, csv, parquet (export)",
     ),
-    ("--output", "output", "text", _MANY, None, "write to this file (-o) instead of stdout"),
+    ("--output", "output", "text", (*_MANY, "keygen"), None, "write to this file (-o) instead of stdout"),
     ("--jobs", "jobs", "whole", _MANY, None, "worker processes (default: one per CPU)"),
     ("--scores", "scores", "text", _MANY, None, "the benchmark's scores: CSV or JSONL of score by trial_id or labels"),
     ("--trials", "trials", "text", ("export",), None, "also write the trials table (verdict, labels, ...) to FILE"),
@@ -130,6 +150,14 @@ OPTIONS: tuple[tuple[str, str, str, tuple[str, ...], str | None, str], ...] = (
         "who sandboxed commands run as: user (uid 65534, the default for a root caller), root, or UID:GID",
     ),
     ("--label", "labels", "list", _CALLING, _LIMIT, "who the trial is: KEY=VALUE, such as task=t1 (repeatable)"),
+    (
+        "--checkpoint-every",
+        "checkpoint_every",
+        "whole",
+        _CALLING,
+        None,
+        "a signed trial: sign the log's head once this many records were added (pinned; default 1)",
+    ),
     ("--max-concurrent", "max_concurrent", "whole", _SERVING, _SERVER, "tool calls run at once; more wait"),
     ("--max-request-bytes", "max_request_bytes", "whole", ("serve",), _SERVER, "longest request line"),
     ("--cwd", "cwd", "text", ("run",), _CALL, "directory to run the command in"),
@@ -171,7 +199,9 @@ _DESCRIPTIONS = {
     "serve": "Serve a trial's tool calls as JSON lines on stdin and stdout (see docs/serve.md for the protocol).",
     "mcp": "Serve a trial's tool calls as a Model Context Protocol server over stdio (needs trialtool[mcp]).",
     "shim": "Write sh and bash shims into DIRECTORY: each `sh -c CMD` through them is one call of the trial.",
-    "close": "Stop and remove the trial's container (--sandbox docker); its files stay.",
+    "close": "End the trial's use: remove its container (a container backend's), sign its statement (a signed trial).",
+    "attest": "Sign a signed trial's statement now and write it beside its log (docs/attestations.md).",
+    "keygen": "Make an Ed25519 signing key for signed trials (-o FILE, mode 0600); print its public key.",
     "gc": "Remove the containers of trials that have ended, or whose state file is gone.",
     "server": "The per-user server that runs CLI calls warm (TRIALTOOL_SERVER=off: none): its status, or stop it.",
 }
@@ -193,6 +223,9 @@ class Arguments:
     log: str
     lock_timeout: float
     key_file: str | None
+    signing_key: str | None
+    public_key: str | None
+    checkpoint_every: int | None
     # What status, show, verify, report and export print.
     json: bool
     strict: bool

@@ -175,6 +175,10 @@ class TrialSandboxEnvironment(SandboxEnvironment):
             except TrialToolError:
                 pass  # the account keeps the budget of the last call
             await asyncio.to_thread(own.trial.close)
+            if own.trial.attestation is not None:
+                # A signed trial's statement, signed by close(): a grader checks it with the public key alone.
+                own.account["statement"] = own.trial.attestation.as_json()
+                own._publish()
             if not own.settings.keep_workspace:
                 await asyncio.to_thread(shutil.rmtree, own.workspace, True)
         settings = settings_of(config)

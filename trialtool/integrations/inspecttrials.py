@@ -14,7 +14,7 @@ from inspect_ai.log._samples import sample_active
 from inspect_ai.util import SandboxEnvironmentConfigType
 from pydantic import BaseModel, ConfigDict, Field
 
-from .. import Trial, TrialState, UsageError, read_key_file
+from .. import Trial, TrialState, UsageError, read_key_file, read_signing_key
 
 
 class TrialSandboxConfig(BaseModel):
@@ -37,6 +37,9 @@ class TrialSandboxConfig(BaseModel):
     merge_output: bool = False
     #: A file holding the ledger key: every trial keyed (HMAC), the file hidden from sandboxed commands.
     key_file: str | None = None
+    #: A file holding an Ed25519 signing key: every trial signed (checkpoints as it goes, its statement at
+    #: sample cleanup, whose digest the sample's metadata carries), the file hidden from sandboxed commands.
+    signing_key: str | None = None
     #: Another inspect sandbox that runs the commands (docker, k8s, local, any registered one), with
     #: its own config: trialtool then budgets, clips and records each exec on this side (inspectinner.py).
     inner: str | None = None
@@ -110,14 +113,16 @@ def create_trial(
     """The sample's trial, created with its limits and labels pinned, and its state as created."""
     workspace.mkdir()
     key = None if settings.key_file is None else read_key_file(settings.key_file, "key_file")
+    signing = settings.signing_key
     trial = Trial(
         directory / "state.json",
         directory / "log.jsonl",
         limits={"workspace": str(workspace), **settings.limits},
         key=key,
-        hidden_files=[settings.key_file] if settings.key_file else [],
+        hidden_files=[path for path in (settings.key_file, signing) if path],
         origin=workspace,
         labels=labels,
+        signing_key=None if signing is None else read_signing_key(signing, "signing_key"),
     )
     return trial, trial.init()
 

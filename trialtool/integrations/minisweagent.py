@@ -24,10 +24,10 @@ import shlex
 from typing import Any, Literal
 
 from minisweagent.environments.local import LocalEnvironment, LocalEnvironmentConfig
-from minisweagent.exceptions import LimitsExceeded, TimeExceeded
+from minisweagent.exceptions import LimitsExceeded, Submitted, TimeExceeded
 from pydantic import Field
 
-from .. import BudgetExhausted, Trial, TrialToolError, read_key_file, remove_container, toolreply
+from .. import BudgetExhausted, Trial, TrialToolError, read_key_file, read_signing_key, remove_container, toolreply
 
 
 class TrialEnvironmentConfig(LocalEnvironmentConfig):
@@ -44,6 +44,9 @@ class TrialEnvironmentConfig(LocalEnvironmentConfig):
     merge_output: bool = True
     #: A file holding the ledger key (a keyed trial), hidden from sandboxed commands.
     key_file: str | None = None
+    #: A file holding the trial's Ed25519 signing key (a signed trial), hidden from sandboxed commands:
+    #: the trial is signed as it goes, and its statement when the agent submits or the budget is spent.
+    signing_key: str | None = None
     #: Who the trial is (task, sample, epoch, model, ...): pinned at creation; the run script
     #: that knows the instance sets them (mini's environment config does not know it).
     labels: dict[str, str] = Field(default_factory=dict)
@@ -55,13 +58,15 @@ class TrialEnvironment(LocalEnvironment):
     def __init__(self, *, config_class: type = TrialEnvironmentConfig, **kwargs: Any) -> None:
         super().__init__(config_class=config_class, **kwargs)
         key = None if self.config.key_file is None else read_key_file(self.config.key_file, "key_file")
+        signing = self.config.signing_key
         self.trial = Trial(
             self.config.state,
             self.config.log,
             limits=self.config.limits,
             key=key,
-            hidden_files=[self.config.key_file] if self.config.key_file else [],
+            hidden_files=[path for path in (self.config.key_file, signing) if path],
             labels=dict(self.config.labels) or None,
+            signing_key=None if signing is None else read_signing_key(signing, "signing_key"),
         )
 
     def execute(self, action: dict[str, Any], cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
@@ -78,7 +83,12 @@ class TrialEnvironment(LocalEnvironment):
             return self._spent(exc.status, exc)
         except TrialToolError as exc:
             return self._not_run(exc)
-        observation = self._observed(result)  # mini's submission ends the run here (Submitted)
+        try:
+            observation = self._observed(result)  # mini's submission ends the run here (Submitted)
+        except Submitted:
+            if self.config.signing_key is not None:
+                self.trial.attest("submitted")  # the trial's end: its statement, before mini saves the run
+            raise
         if result.sequence == 0:
             # The final act ran and did not submit: what it printed is for graders (the log keeps
             # it), never more work for the agent, which is told the budget is spent.
@@ -132,6 +142,17 @@ class TrialEnvironment(LocalEnvironment):
                 # The log's chain head: `trial-tool verify --expect-head` checks the trial against it.
                 "head": now.head,
             }
+            if state.signer is not None:
+                # A signed trial: its key, and its statement as last signed (None until it ends).
+                account["signer"] = state.signer
+                account["statement"] = (
+                    None
+                    if state.statement is None
+                    else {
+                        "path": self.trial.statement_path,
+                        **state.statement,
+                    }
+                )
         except TrialToolError as exc:
             account = {"budget": {"error": exc.message}}
         data["info"]["trial_tool"] = {

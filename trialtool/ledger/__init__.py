@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from . import _records as records
     from . import _snapshot as snapshot
     from . import _verify as verify
+    from ._attest import statement_path
     from ._keys import key_from_environ, read_key_file
     from ._ledger import Ledger
     from ._locking import DEFAULT_LOCK_TIMEOUT
@@ -50,6 +51,7 @@ _FACE = {
     "Reservation": "_reservation",
     "Settings": "_settings",
     "snapshot": "_snapshot",
+    "statement_path": "_attest",
     "START": "_records",
     "TrialState": "_state",
     "verify": "_verify",
@@ -81,6 +83,7 @@ __all__ = [
     "read_key_file",
     "records",
     "snapshot",
+    "statement_path",
     "verify",
     "whole",
 ]

@@ -26,6 +26,7 @@ from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, Usa
 from ..osio import plain, process_token, require_directory
 from ..sandbox import PinSandbox
 from ..types import FLAG_OF, budget
+from . import _attest as attest
 from . import _audit as audit
 from . import _clock as clock
 from . import _durable as durable
@@ -38,6 +39,10 @@ from ._reservation import Reservation
 from ._settings import Settings
 from ._state import TrialState
 from ._store import Store
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .. import signing
 
 #: Stops what an abandoned call left running, given its supervisor's pid and liveness
 #: token; returns how many processes it killed. The process room provides it.
@@ -62,6 +67,8 @@ class Ledger:
         owner: tuple[int, str | None] | None = None,
         stop_leftovers: StopLeftovers | None = None,
         pin_sandbox: PinSandbox | None = None,
+        signing_key: signing.SigningKey | None = None,
+        checkpoint_every: int | None = None,
     ) -> None:
         if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, int | float) or not 0 <= lock_timeout < 1e9:
             msg = f"the lock timeout must be a number of seconds, 0 or more, not {plain(lock_timeout)}"
@@ -71,10 +78,22 @@ class Ledger:
         self.log_path = os.fspath(log_path)
         self.directory = os.path.dirname(self.state_path) or "."
         self.lock_timeout = lock_timeout
+        if key is not None and signing_key is not None:
+            msg = (
+                "a trial is keyed (--key-file: a secret that whoever verifies must hold) or signed "
+                "(--signing-key: checked with its public key alone), not both"
+            )
+            raise UsageError(msg)
+        if checkpoint_every is not None and (
+            isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1
+        ):
+            msg = f"--checkpoint-every must be a whole number of records, 1 or more, not {plain(checkpoint_every)}"
+            raise UsageError(msg)
         self.chain = audit.Chain(key)
+        self.signing_key = signing_key
         #: What pins a new trial's sandbox on this machine (the sandbox room's `pin`): handed in by the
         #: call (trial/), so that a ledger used on its own probes nothing; None pins no sandbox.
-        self.store = Store(self.state_path, self.log_path, self.chain, pin_sandbox)
+        self.store = Store(self.state_path, self.log_path, self.chain, pin_sandbox, signing_key, checkpoint_every)
         self._owner = owner
         self._stop_leftovers = stop_leftovers
         #: Calls this process reserved and gave up on (a failed commit): recover them
@@ -126,6 +145,7 @@ class Ledger:
         with self._lock():
             new = not os.path.lexists(self.state_path)
             state = self.store.open(settings, create=True)
+            self.store.check_signer(state)
             self._claim(state, new)
         state.elapsed_seconds = state.elapsed()
         return state
@@ -217,6 +237,7 @@ class Ledger:
         and calls whose trial-tool died recovered."""
         new = not os.path.lexists(self.state_path)
         state = self.store.open(settings, create=True)
+        self.store.check_signer(state)
         # The log must take this call's record: found out now, not after the command ran.
         durable.preflight_append(self.log_path)
         if preflight is not None:
@@ -279,6 +300,7 @@ class Ledger:
             record["request_id"] = request_id
         self.store.append(state, record)
         self.store.write(state)
+        self._ended(state)
         raise BudgetExhausted(f"call refused: {reason}", status)
 
     def _room_for_record(self, state: TrialState, command: list[str], merged: bool) -> None:
@@ -383,8 +405,39 @@ class Ledger:
                 # The record is durable in the log, which is the ledger's truth: the state
                 # is one step behind, as after a crash there, and the next open rolls it
                 # forward. The call is delivered as recorded, not failed after the fact.
-                pass
+                return state
+            self._ended(state)
         return state
+
+    def _ended(self, state: TrialState) -> None:
+        """A signed trial whose budget is now spent, with nothing in flight, gets its statement (once)."""
+        if self.signing_key is None or state.in_flight or attest.ended_by(state) is None:
+            return
+        if state.statement is not None and state.statement.get("signed_on") == "budget_spent":
+            return  # signed at its end already: later refusals are covered by checkpoints
+        try:
+            attest.write_statement(state, self.state_path, self.log_path, self.signing_key, "budget_spent")
+            self.store.write(state)
+        except (StateError, StorageError):
+            # The call is recorded and delivered; the trial stays signed up to its checkpoint, and
+            # `trial-tool attest` (or close) signs its statement once the files allow it.
+            pass
+
+    def attest(self, signed_on: str = "attest") -> tuple[str, str, TrialState]:
+        """Sign the trial's statement now and write it beside the log: (its path, its SHA-256, the state).
+
+        UsageError for a trial that is not signed, or without its key; StateError if it fails its check.
+        """
+        if self.signing_key is None:
+            msg = "attesting a trial needs its signing key (--signing-key or $TRIALTOOL_SIGNING_KEY)"
+            raise UsageError(msg)
+        with self._lock():
+            state = self.store.open(None, create=False)
+            self.store.check_signer(state)
+            digest = attest.write_statement(state, self.state_path, self.log_path, self.signing_key, signed_on)
+            self.store.write(state)
+        state.elapsed_seconds = state.elapsed()
+        return attest.statement_path(self.log_path), digest, state
 
 
 __all__ = ["DEFAULT_LOCK_TIMEOUT", "GRADING_ALLOWANCE", "Ledger", "Reservation", "StopLeftovers"]

@@ -56,6 +56,8 @@ class TrialState:
     __slots__ = (
         "calls",
         "chain",
+        "checkpoint",
+        "checkpoint_every",
         "clock",
         "connections_allowed",
         "connections_denied",
@@ -71,8 +73,10 @@ class TrialState:
         "rank_file",
         "refused_calls",
         "sandbox",
+        "signer",
         "started_at",
         "started_at_utc",
+        "statement",
         "trial_id",
     )
 
@@ -99,6 +103,10 @@ class TrialState:
         connections_denied: int = 0,
         final_used: bool = False,
         log_stamp: list[int] | None = None,
+        signer: str | None = None,
+        checkpoint_every: int = 1,
+        checkpoint: dict[str, Any] | None = None,
+        statement: dict[str, Any] | None = None,
     ) -> None:
         self.trial_id = trial_id
         #: How the log is chained and the state sealed: "sha256", or "hmac-sha256" with a key.
@@ -134,6 +142,14 @@ class TrialState:
         self.connections_denied = connections_denied
         #: Whether the harness's final act (CallRequest.final) ran once the budget was spent: once a trial.
         self.final_used = final_used
+        #: A signed trial's key, by its fingerprint (signing/_keys.py): pinned at creation; None: unsigned.
+        self.signer = signer
+        #: How many records of the log may go unsigned: a checkpoint is signed once that many are added.
+        self.checkpoint_every = checkpoint_every
+        #: The last checkpoint: {"records": how many it covers, "envelope": its DSSE envelope}.
+        self.checkpoint = checkpoint
+        #: The last statement written beside the log: {"records", "sha256" (of the statement), "signed_on"}.
+        self.statement = statement
 
     @classmethod
     def new(
@@ -143,6 +159,8 @@ class TrialState:
         sandbox: Sandbox = UNSANDBOXED,
         labels: dict[str, str] | None = None,
         log_path: str | None = None,
+        signer: str | None = None,
+        checkpoint_every: int = 1,
     ) -> TrialState:
         """A fresh trial's state."""
         now = time.time()
@@ -156,6 +174,8 @@ class TrialState:
             sandbox=sandbox,
             labels=labels,
             log_path=log_path,
+            signer=signer,
+            checkpoint_every=checkpoint_every,
         )
 
     def elapsed(self) -> float:
@@ -171,6 +191,18 @@ class TrialState:
     def allowances_held(self) -> int:
         """Tokens held back for the calls in flight."""
         return sum(entry.allowance for entry in self.in_flight.values())
+
+    def rules(self) -> dict[str, Any]:
+        """Every rule the trial was pinned to, as a signed statement names them (and a check holds them to)."""
+        from ..output import tokens
+
+        return {
+            "limits": self.limits._asdict(),
+            "sandbox": self.sandbox.as_json(),
+            "tokenizer": {"encoding": tokens.ENCODING_NAME, "rank_file_sha256": tokens.EXPECTED_SHA256},
+            "chain": self.chain,
+            "checkpoint_every": self.checkpoint_every,
+        }
 
     def as_json(self) -> dict[str, Any]:
         """The document as stored (without `mac` and `updated_at_utc`, which `encode` adds)."""
@@ -203,6 +235,12 @@ class TrialState:
             document["connections_denied"] = self.connections_denied
         if self.final_used:
             document["final_used"] = True
+        if self.signer is not None:
+            document["signing"] = {"signer": self.signer, "checkpoint_every": self.checkpoint_every}
+            if self.checkpoint is not None:
+                document["signing"]["checkpoint"] = self.checkpoint
+            if self.statement is not None:
+                document["signing"]["statement"] = self.statement
         return document
 
 
@@ -307,6 +345,18 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
     final_used = data.get("final_used", False)
     if not isinstance(final_used, bool):
         raise bad("final_used is malformed")
+    signing = data.get("signing", {})
+    if not isinstance(signing, dict) or not (
+        not signing
+        or (
+            isinstance(signing.get("signer"), str)
+            and type(signing.get("checkpoint_every")) is int
+            and signing["checkpoint_every"] >= 1
+            and isinstance(signing.get("checkpoint", {}), dict)
+            and isinstance(signing.get("statement", {}), dict)
+        )
+    ):
+        raise bad("signing is malformed")
     if data["calls"] > limits.max_calls or data["emitted_tokens"] > limits.max_tokens:
         raise bad("counters exceed the pinned limits")
     if len(in_flight) > data["calls"]:
@@ -332,6 +382,10 @@ def decode(raw: bytes, path: str, chain: audit.Chain) -> TrialState:
         connections_denied=data.get("connections_denied", 0),
         final_used=final_used,
         log_stamp=stamp,
+        signer=signing.get("signer"),
+        checkpoint_every=signing.get("checkpoint_every", 1),
+        checkpoint=signing.get("checkpoint"),
+        statement=signing.get("statement"),
     )
 
 

@@ -20,9 +20,10 @@ import time
 from collections.abc import Mapping
 
 from .. import sandbox
-from ..errors import StateError
+from ..errors import StateError, UsageError
 from ..types import Limits
 from ..types import limits as limit_rules
+from . import _attest as attest
 from . import _audit as audit
 from . import _clock as clock
 from . import _durable as durable
@@ -31,6 +32,10 @@ from . import _mending as mending
 from . import _records as records
 from ._settings import Settings
 from ._state import TrialState, check_against_log, decode, encode
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .. import signing
 
 
 class Store:
@@ -42,12 +47,19 @@ class Store:
         log_path: str,
         chain: audit.Chain,
         pin_sandbox: sandbox.PinSandbox | None = None,
+        signing_key: signing.SigningKey | None = None,
+        checkpoint_every: int | None = None,
     ) -> None:
         self.state_path = state_path
         self.log_path = log_path
         self.chain = chain
         #: What pins a new trial's sandbox on this machine (the sandbox room's `pin`); None: none can run.
         self.pin_sandbox = pin_sandbox
+        #: A signed trial's key: each record is followed by a checkpoint (_attest.py). None: a reader's
+        #: store (or an unsigned trial's), which signs nothing.
+        self.signing_key = signing_key
+        #: The cadence a new trial pins (None: every record); for an existing one, what it must have pinned.
+        self.checkpoint_every = checkpoint_every
 
     def load(self) -> TrialState | None:
         """The validated state, or None when the trial does not exist yet."""
@@ -70,6 +82,33 @@ class Store:
             record["sandbox"] = state.sandbox.mode  # type: ignore[typeddict-unknown-key]  # a call's, by its type
         record["ledger_after"] = state.totals().as_json()
         state.log = audit.append(self.log_path, record, state.log, self.chain, claim=claim)
+        if self.signing_key is not None and state.signer == self.signing_key.fingerprint:
+            attest.checkpoint(state, self.signing_key)
+
+    def check_signer(self, state: TrialState) -> None:
+        """A signed trial is written only with its own key, an unsigned one with none (UsageError)."""
+        key = self.signing_key
+        if state.signer is None and key is not None:
+            msg = f"trial {state.trial_id} was made without a signing key, and a signing key was given"
+            raise UsageError(msg)
+        if state.signer is not None and key is None:
+            from ..signing import SIGNING_KEY_ENV
+
+            msg = (
+                f"trial {state.trial_id} is signed (key {state.signer[:16]}...): "
+                f"pass its key (--signing-key or ${SIGNING_KEY_ENV})"
+            )
+            raise UsageError(msg)
+        if state.signer is not None and key is not None and key.fingerprint != state.signer:
+            msg = f"trial {state.trial_id} is signed by key {state.signer[:16]}..., not by {key.fingerprint[:16]}..."
+            raise UsageError(msg)
+        if (
+            self.checkpoint_every is not None
+            and state.signer is not None
+            and (state.checkpoint_every != self.checkpoint_every)
+        ):
+            msg = f"--checkpoint-every is {self.checkpoint_every}, but the trial pinned {state.checkpoint_every}"
+            raise UsageError(msg)
 
     def claim(self, state: TrialState) -> None:
         """Bind the log to this trial with its first record, before the trial's first command runs.
@@ -134,7 +173,16 @@ class Store:
                 "refusing to start a trial over another trial's log"
             )
             raise StateError(msg)
-        return TrialState.new(limits, self.chain, pinned, given, os.path.abspath(self.log_path))
+        key = self.signing_key
+        return TrialState.new(
+            limits,
+            self.chain,
+            pinned,
+            given,
+            os.path.abspath(self.log_path),
+            signer=None if key is None else key.fingerprint,
+            checkpoint_every=self.checkpoint_every or 1,
+        )
 
     def open(self, settings: Settings | None, *, create: bool) -> TrialState:
         """The state, checked against its log (and mended after a crash), and against the `settings` a

@@ -18,19 +18,32 @@ Its answer is one verdict, the same word every graders' command uses:
 - `unverified`: a keyed trial checked without its key: its HMACs cannot be
   checked, so nothing is said of them;
 - `failed`: the first bad record (or the state), and why.
+
+Checked with public keys (`trusted`), a trial's signatures are held to its
+files too (_signatures.py), and two more verdicts can be said:
+
+- `signature_invalid`: a statement or checkpoint that does not verify under a
+  trusted key, or does not hold for these files;
+- `unsigned`: records of the log that no signature covers (all of them, for
+  a trial made without a signing key).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import NamedTuple
 
+from .. import signing
 from ..errors import StateError, StorageError
 from ..osio import alive, plain
 from . import _audit as audit
+from . import _durable as durable
+from . import _signatures as signatures
 from . import _snapshot as snapshot
 from ._records import START, Totals, apply, whole
+from ._signatures import Signatures
 from ._state import TrialState, decode
 
 
@@ -43,7 +56,7 @@ class Problem(NamedTuple):
 
 
 #: The verdicts, most serious first; each graders' command says one of them of a trial.
-VERDICTS = ("failed", "unverified", "in_flight", "unconfirmed", "clean")
+VERDICTS = ("failed", "signature_invalid", "unverified", "unsigned", "in_flight", "unconfirmed", "clean")
 
 
 class Report(NamedTuple):
@@ -63,6 +76,8 @@ class Report(NamedTuple):
     in_flight: list[dict[str, object]] = []  # noqa: RUF012 (a NamedTuple default, never mutated)
     #: The line of the record the state does not count yet (unconfirmed), if there is one.
     pending: int | None = None
+    #: What the trial's signatures cover, when checked with public keys (None: not checked).
+    signatures: Signatures | None = None
 
     def as_json(self) -> dict[str, object]:
         first = next((p for p in self.problems), None)
@@ -79,6 +94,7 @@ class Report(NamedTuple):
             "unconfirmed": self.recoverable,
             "unconfirmed_record": self.pending,
             "in_flight": self.in_flight,
+            "signature": None if self.signatures is None else self.signatures.as_json(),
         }
 
 
@@ -98,6 +114,7 @@ def verify(
     log_path: str | os.PathLike[str],
     key: bytes | None = None,
     expect_head: str | None = None,
+    trusted: Mapping[str, signing.PublicKey] | None = None,
 ) -> Report:
     """Check the trial at `state_path` and `log_path`; never raises for what it finds.
 
@@ -106,6 +123,7 @@ def verify(
     `expect_head` is the chain head the harness was handed after the last call it
     made: a log that ends anywhere else fails, so that a record appended with a
     correct link (which the files alone would take for a crash) is caught.
+    `trusted`: the public keys whose signatures count (signatures checked; None: not).
     """
     state_path, log_path = os.fspath(state_path), os.fspath(log_path)
     if not os.path.lexists(state_path) and not os.path.lexists(log_path):
@@ -117,7 +135,13 @@ def verify(
     except StorageError as exc:
         problems.append(Problem(None, None, exc.message))
         return Report(False, problems, 0, Totals(), verdict="failed", why=exc.message)
-    return check(taken, state_path, key, expect_head)
+    statement = None
+    if trusted is not None:
+        try:
+            statement = durable.read_bytes(log_path + signing.statement.SUFFIX)
+        except StorageError:
+            statement = None  # unreadable: nothing it says is taken, the log reads as unsigned
+    return check(taken, state_path, key, expect_head, trusted, statement)
 
 
 def _keyed(raw: bytes | None) -> bool:
@@ -130,9 +154,15 @@ def _keyed(raw: bytes | None) -> bool:
 
 
 def check(
-    taken: snapshot.Snapshot, state_path: str, key: bytes | None = None, expect_head: str | None = None
+    taken: snapshot.Snapshot,
+    state_path: str,
+    key: bytes | None = None,
+    expect_head: str | None = None,
+    trusted: Mapping[str, signing.PublicKey] | None = None,
+    statement: bytes | None = None,
 ) -> Report:
-    """Check a trial's files as read at one moment (`state_path` names the state in messages)."""
+    """Check a trial's files as read at one moment (`state_path` names the state in messages);
+    with `trusted` keys, its signatures too (`statement`: the bytes of the statement beside its log)."""
     unverified = key is None and _keyed(taken.state)
     chain = audit.Chain(key)
     problems: list[Problem] = []
@@ -158,12 +188,25 @@ def check(
         problems.append(Problem(last.records or None, last.sequence, _away_from(steps, expect_head.lower())))
     # A call whose record is in the log already (the state one step behind) is not in flight: unconfirmed.
     in_flight = [] if state is None else [entry for entry in _in_flight(state) if entry["sequence"] not in charged]
-    verdict, why = _verdict(problems, unverified, in_flight, recoverable, len(steps))
+    signed = None
+    if trusted is not None:
+        signed = signatures.check(taken.log, steps, state, statement, trusted)
+    verdict, why = _verdict(problems, unverified, in_flight, recoverable, len(steps), signed)
     pending = None
     if state is not None and len(steps) == state.log.records + 1 and not problems:
         pending = len(steps)
     return Report(
-        not problems, problems, len(steps), last.totals, recoverable, verdict, why, last.head, in_flight, pending
+        not problems,
+        problems,
+        len(steps),
+        last.totals,
+        recoverable,
+        verdict,
+        why,
+        last.head,
+        in_flight,
+        pending,
+        signed,
     )
 
 
@@ -187,18 +230,27 @@ def _in_flight(state: TrialState) -> list[dict[str, object]]:
 
 
 def _verdict(
-    problems: list[Problem], unverified: bool, in_flight: list[dict[str, object]], recoverable: list[str], records: int
+    problems: list[Problem],
+    unverified: bool,
+    in_flight: list[dict[str, object]],
+    recoverable: list[str],
+    records: int,
+    signed: Signatures | None = None,
 ) -> tuple[str, str | None]:
     """The one verdict of VERDICTS that says it, and why."""
     if problems:
         first = problems[0]
         where = f"line {first.line}: " if first.line is not None else ""
         return "failed", where + first.message
+    if signed is not None and signed.status == "invalid":
+        return "signature_invalid", signed.why
     if unverified:
         return "unverified", (
             f"a keyed trial checked without its key: the {records} records read as records of one trial whose "
             "totals add up, but their HMAC chain and the state's are not checked; give the key (--key-file)"
         )
+    if signed is not None and signed.status in ("unsigned", "partly"):
+        return "unsigned", signed.why
     if in_flight:
         entry = in_flight[0]
         if entry["owner"] == "running":
@@ -331,6 +383,12 @@ def render(report: Report) -> str:
     totals = report.totals
     if report.verdict != "failed" and report.why:
         out.append(f"{report.verdict}: {report.why}")
+    signed = report.signatures
+    if signed is not None and signed.status in ("statement", "checkpoint", "partly"):
+        what = "a statement" if signed.status == "statement" else "a checkpoint"
+        if signed.status == "partly":
+            what = "a statement and a checkpoint" if signed.statement_sha256 else "a checkpoint"
+        out.append(f"signed: {signed.signed_records} of {report.records} records, by key {signed.signer} ({what})")
     out.append(
         f"{report.verdict.upper() if report.verdict != 'clean' else 'clean'}: {report.records} records, "
         f"{totals.charged_calls} calls charged, {totals.emitted_tokens} tokens delivered, "

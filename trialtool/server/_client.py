@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     OpenTrial = Callable[..., AbstractContextManager[Trial]]
 
 #: Flags whose values are paths, made absolute against the caller's directory before they travel.
-PATH_FLAGS = ("state", "log", "key_file", "o200k_file", "cwd", "workspace")
+PATH_FLAGS = ("state", "log", "key_file", "signing_key", "o200k_file", "cwd", "workspace")
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:

@@ -280,7 +280,16 @@ class UserServer:
 
         settings = trial_settings(args, request["env"])
         key = settings["key"]
-        identity = json.dumps({**settings, "key": key and key.hex(), "origin": request["cwd"]}, sort_keys=True)
+        signer = settings["signing_key"]
+        identity = json.dumps(
+            {
+                **settings,
+                "key": key and key.hex(),
+                "signing_key": signer and signer.fingerprint,
+                "origin": request["cwd"],
+            },
+            sort_keys=True,
+        )
         with self.guard:
             if self.forkserver is None:
                 self.forkserver = ForkServer()

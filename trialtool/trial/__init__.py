@@ -7,6 +7,6 @@ _delivery.py's and _verdict.py's.
 
 from __future__ import annotations
 
-from ._trial import Trial, use_launcher
+from ._trial import Attestation, Trial, use_launcher
 
-__all__ = ["Trial", "use_launcher"]
+__all__ = ["Attestation", "Trial", "use_launcher"]

@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import sandbox as seam
 from ..errors import Interrupted, StateError, TrialToolError
@@ -29,6 +29,20 @@ from ._preflight import Placed, Preflight
 
 if TYPE_CHECKING:
     from ..process import ForkServer
+    from ..signing import SigningKey
+
+
+class Attestation(NamedTuple):
+    """A signed trial's statement as written: where, its SHA-256 (of the in-toto statement), who signed,
+    and how many records of the log it covers."""
+
+    path: str
+    sha256: str
+    signer: str
+    records: int
+
+    def as_json(self) -> dict[str, object]:
+        return {"statement": self.path, "statement_sha256": self.sha256, "signer": self.signer, "records": self.records}
 
 
 def stop_leftovers(supervisor: int, token: str | None) -> int:
@@ -75,6 +89,8 @@ class Trial:
         origin: str | os.PathLike[str] | None = None,
         fork_server: ForkServer | None = None,
         labels: dict[str, str] | None = None,
+        signing_key: SigningKey | None = None,
+        checkpoint_every: int | None = None,
     ) -> None:
         self.ledger = Ledger(
             state_path,
@@ -83,7 +99,11 @@ class Trial:
             key=key,
             stop_leftovers=stop_leftovers,
             pin_sandbox=seam.pin,
+            signing_key=signing_key,
+            checkpoint_every=checkpoint_every,
         )
+        #: The statement written by the last `attest` (or `close`) of a signed trial, else None.
+        self.attestation: Attestation | None = None
         #: Files a sandboxed command must not reach besides the state, log and lock (a key file).
         self.hidden_files = [os.fspath(path) for path in hidden_files]
         self._preflight = Preflight(self.ledger.state_path, self.ledger.log_path, self.hidden_files, rank_file)
@@ -109,12 +129,34 @@ class Trial:
         self.close()
 
     def close(self) -> None:
-        """Stop the fork server (after the calls it started have ended). The trial itself stays as it is."""
+        """Stop the fork server (after the calls it started have ended); a signed trial that exists
+        then gets its statement (`attest`). The trial itself stays as it is, and may be called again."""
         with self._guard:
             server, self._forkserver = self._forkserver, None
-        if server is not None:
-            server.close()
-        seam.settle()
+        try:
+            if server is not None:
+                server.close()
+            seam.settle()
+        finally:
+            if self.ledger.signing_key is not None and os.path.lexists(self.ledger.state_path):
+                self.attest("close")
+
+    @property
+    def statement_path(self) -> str:
+        """Where a signed trial's statement is written: beside its log."""
+        from ..ledger import statement_path
+
+        return os.path.abspath(statement_path(self.ledger.log_path))
+
+    def attest(self, signed_on: str = "attest") -> Attestation:
+        """Sign the trial's statement now (a signed trial, with its key) and write it beside the log.
+
+        StateError if the trial fails its check: nothing is signed then.
+        """
+        path, digest, state = self.ledger.attest(signed_on)
+        assert state.signer is not None  # the ledger signs only a signed trial
+        self.attestation = Attestation(os.path.abspath(path), digest, state.signer, state.log.records)
+        return self.attestation
 
     def init(self) -> TrialState:
         """Create the trial (and its missing directories) and pin its limits; an existing one is fine if they match."""
@@ -369,4 +411,4 @@ def use_launcher(trial: Trial, launcher: Launcher) -> None:
         trial._ready = launcher
 
 
-__all__ = ["CallResult", "Trial", "stop_leftovers", "use_launcher"]
+__all__ = ["Attestation", "CallResult", "Trial", "stop_leftovers", "use_launcher"]

@@ -87,15 +87,19 @@ def _against_head(summary: Summary, heads: dict[str, str]) -> None:
     summary["integrity"] = {"verdict": "failed", "why": why, "first_bad_sequence": None, "line": None}
 
 
-def _work(job: tuple[str, str, bytes | None, bool]) -> Summary:
-    state, log, key, with_calls = job
+#: One trial's work: its state and log, the ledger key, whether to embed its calls, and the trusted keys.
+_Job = tuple[str, str, bytes | None, bool, tuple[bytes, ...] | None]
+
+
+def _work(job: _Job) -> Summary:
+    state, log, key, with_calls, trusted = job
     from ..ledger import snapshot
 
     try:
         taken = snapshot.read(state, log)
     except Exception as exc:  # a worker reports what it cannot read; it must not kill the report
         return summaries.unreadable(state, log, str(getattr(exc, "message", exc)))
-    summary, records = summaries.summarize_snapshot(taken, state, log, key)
+    summary, records = summaries.summarize_snapshot(taken, state, log, key, trusted=trusted)
     if with_calls:
         summary["calls"] = [_call_entry(record) for record in records if record.get("record_type") != START]
     return summary
@@ -135,7 +139,7 @@ def _call_entry(record: Mapping[str, object]) -> dict[str, object]:
     }
 
 
-def _results(jobs: list[tuple[str, str, bytes | None, bool]], workers: int) -> Iterator[Summary]:
+def _results(jobs: list[_Job], workers: int) -> Iterator[Summary]:
     if workers <= 1 or len(jobs) < 2 * _CHUNK:
         yield from map(_work, jobs)
         return
@@ -174,13 +178,14 @@ def build(
     scores: Scores | None = None,
     with_calls: bool = False,
     heads: dict[str, str] | None = None,
+    trusted: tuple[bytes, ...] | None = None,
 ) -> Report:
     """Verify and summarise every trial of `pairs`; the overview, and the summaries spooled to disk.
 
     `heads` (trial id -> the chain head its harness was last given) fails every trial
-    whose log ends elsewhere.
+    whose log ends elsewhere. `trusted` (raw Ed25519 public keys) checks every trial's signatures.
     """
-    jobs = [(state, log, key, with_calls) for state, log in pairs]
+    jobs = [(state, log, key, with_calls, trusted) for state, log in pairs]
     if not jobs:
         msg = "no trials found (a trial is a state .json and its log .jsonl)"
         raise UsageError(msg)

@@ -14,8 +14,9 @@ import os
 from collections import Counter
 from typing import NotRequired, TypedDict
 
+from .. import signing
 from ..errors import StateError, TrialToolError
-from ..ledger import GRADING, REFUSED, REPAIR, START, TrialState, audit, decode, snapshot, verify, whole
+from ..ledger import GRADING, REFUSED, REPAIR, START, TrialState, audit, decode, durable, snapshot, verify, whole
 from ..osio import alive
 from ..types import LATER_FIELDS, Limits, budget
 from .calls import mapping, typed
@@ -55,6 +56,17 @@ class Connections(TypedDict):
     denied: int
 
 
+class Signature(TypedDict):
+    """A trial's signatures: `status` is `not_checked` (no --public-key), or what the check found
+    (`statement`, `checkpoint`, `partly`, `unsigned`, `invalid`)."""
+
+    status: str
+    #: The fingerprint of the trial's key: the one that signed (checked), else the one its state names.
+    signer: str | None
+    signed_records: NotRequired[int]
+    statement_sha256: NotRequired[str | None]
+
+
 class Summary(TypedDict):
     """One trial summed up: the shape docs/graders.md documents, and every output format reads."""
 
@@ -83,6 +95,8 @@ class Summary(TypedDict):
     log_head: NotRequired[str | None]
     #: `verify`'s verdict, its reasons, and (report) against the head the harness kept.
     integrity: Integrity
+    #: Who signed the trial and what the signatures cover (ledger/_signatures.py), checked with --public-key.
+    signature: Signature
     #: What is left of each budget when read (`now`: status, not report).
     left: NotRequired[dict[str, object]]
     #: The benchmark's score (report and export given --scores).
@@ -157,7 +171,14 @@ def _in_progress(state: TrialState | None, taken: snapshot.Snapshot) -> bool:
     return any(alive(entry.pid, entry.pid_token) for entry in state.in_flight.values())
 
 
-def summarize(state_path: str, log_path: str, key: bytes | None = None, *, now: bool = False) -> Summary:
+def summarize(
+    state_path: str,
+    log_path: str,
+    key: bytes | None = None,
+    *,
+    now: bool = False,
+    trusted: tuple[bytes, ...] | None = None,
+) -> Summary:
     """The summary of the trial at `state_path` and `log_path`; never raises for what it finds in them.
 
     StateError when there is no trial there at all. `now`: with `left` (summarize_snapshot).
@@ -172,20 +193,45 @@ def summarize(state_path: str, log_path: str, key: bytes | None = None, *, now: 
         if now:
             found["left"] = _left(None, {}, 0, 0, 0.0)
         return found
-    return summarize_snapshot(taken, state_path, log_path, key, now=now)[0]
+    return summarize_snapshot(taken, state_path, log_path, key, now=now, trusted=trusted)[0]
+
+
+#: The trusted keys of this process's checks, built once from their raw bytes (a report's workers get bytes).
+_TRUSTED: dict[tuple[bytes, ...], dict[str, signing.PublicKey]] = {}
+
+
+def _trusted(raws: tuple[bytes, ...]) -> dict[str, signing.PublicKey]:
+    found = _TRUSTED.get(raws)
+    if found is None:
+        found = _TRUSTED[raws] = {key.fingerprint: key for key in map(signing.PublicKey, raws)}
+    return found
 
 
 def summarize_snapshot(
-    taken: snapshot.Snapshot, state_path: str, log_path: str, key: bytes | None, *, now: bool = False
+    taken: snapshot.Snapshot,
+    state_path: str,
+    log_path: str,
+    key: bytes | None,
+    *,
+    now: bool = False,
+    trusted: tuple[bytes, ...] | None = None,
 ) -> tuple[Summary, list[dict[str, object]]]:
     """(the summary, the log's records) of a trial read at one moment.
 
     `now` adds `left`, what is left of each budget at this moment: it changes as trial
     time runs, so a report (whose summaries must not depend on when it runs) leaves it out.
+    `trusted`: the raw public keys whose signatures count (signatures checked; None: not).
     """
     state, raw = _state(taken, state_path, key)
     keyed = raw.get("chain") == "hmac-sha256"
-    report = verify.check(taken, state_path, key if keyed else None)
+    statement = None
+    if trusted is not None:
+        try:
+            statement = durable.read_bytes(log_path + signing.statement.SUFFIX)
+        except TrialToolError:
+            statement = None  # unreadable: the log reads as unsigned
+    checking = None if trusted is None else _trusted(trusted)
+    report = verify.check(taken, state_path, key if keyed else None, trusted=checking, statement=statement)
     records = records_of(taken.log)
     in_progress = _in_progress(state, taken)
     statuses: Counter[str] = Counter()
@@ -265,10 +311,25 @@ def summarize_snapshot(
         # None where it cannot be computed (a keyed trial read without its key).
         "log_head": None if report.verdict == "unverified" else report.head,
         "integrity": _integrity(report, in_progress),
+        "signature": _signature(report, raw),
     }
     if now:
         summary["left"] = _left(state, limits, calls, tokens, float(seconds))
     return summary, records
+
+
+def _signature(report: verify.Report, raw: dict[str, object]) -> Signature:
+    named = mapping(raw.get("signing")).get("signer")
+    signer = named if isinstance(named, str) else None
+    found = report.signatures
+    if found is None:
+        return {"status": "not_checked", "signer": signer}
+    return {
+        "status": found.status,
+        "signer": found.signer or signer,
+        "signed_records": found.signed_records,
+        "statement_sha256": found.statement_sha256,
+    }
 
 
 def _labels(value: object) -> dict[str, str]:
@@ -310,6 +371,7 @@ def unreadable(state_path: str, log_path: str, why: str) -> Summary:
         "records": 0,
         "head": None,
         "integrity": {"verdict": "failed", "why": why},
+        "signature": {"status": "not_checked", "signer": None},
     }
 
 
