@@ -57,6 +57,9 @@ TARGET_EGRESS_MS = 2.0
 #: The graders' view over 10 000 trials of 12 calls: seconds and MB (all processes of the command together).
 TARGET_REPORT = (20.0, 500.0)
 TARGET_EXPORT_S = 20.0
+#: What signing a checkpoint adds to a warm call (ms); and `report --public-key` against `report`.
+TARGET_CHECKPOINT_MS = 0.3
+TARGET_SIGNED_REPORT = 1.5
 #: Every figure but the sandbox's own is taken without it, so that they compare across machines
 #: and with the targets above; the sandbox section gives what bwrap adds.
 UNSANDBOXED = ["--sandbox", "none"]
@@ -1150,7 +1153,70 @@ def tree_peak(argv: list[str]) -> tuple[float, float, int]:
     return time.perf_counter() - started, peak / 1e6, proc.returncode
 
 
-def graders_figures(tool: str, trials: Path, replicate: int) -> None:
+_SIGNED = r"""
+import json, statistics, sys, tempfile, time, timeit
+from pathlib import Path
+from trialtool import Trial
+from trialtool.ledger import _attest as attest
+from trialtool.signing import generate
+runs = int(sys.argv[1])
+work = Path(tempfile.mkdtemp(prefix="trialtool-signed-", dir=sys.argv[2]))
+key = generate(str(work / "bench.key"))
+limits = {"sandbox": "none", "max_calls": 1_000_000}
+plain = Trial(work / "u.json", work / "u.jsonl", limits=limits)
+signed = Trial(work / "s.json", work / "s.jsonl", limits=limits, signing_key=key)
+for trial in (plain, signed):
+    for _ in range(20):
+        trial.run(["true"])  # warm: the fork server, the encoder, cryptography imported
+per = {"unsigned": [], "signed": []}
+for _ in range(runs):
+    for name, trial in (("unsigned", plain), ("signed", signed)):  # interleaved: drift hits both
+        started = time.perf_counter()
+        for _ in range(10):
+            trial.run(["true"])
+        per[name].append((time.perf_counter() - started) / 10)
+state = signed.status()
+sign = min(timeit.repeat(lambda: attest.checkpoint(state, key), number=2000, repeat=5)) / 2000
+state.checkpoint = None
+started = time.perf_counter()
+signed.attest()
+statement = time.perf_counter() - started
+print(json.dumps({
+    "unsigned": statistics.median(per["unsigned"]), "signed": statistics.median(per["signed"]),
+    "checkpoint": sign, "statement": statement, "records": state.log.records,
+}))
+plain.close()
+"""
+
+
+def signing_figures(tool: str, work: Path, python: str, runs: int) -> None:
+    """What a signed trial adds: a warm call's checkpoint, the checkpoint alone, a statement; and the CLI's."""
+    done = subprocess.run([python, "-c", _SIGNED, str(runs), str(work)], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"\nsigned trials: not measured: {done.stderr.strip().splitlines()[-1:]}")
+        return
+    got = json.loads(done.stdout)
+    added = (got["signed"] - got["unsigned"]) * 1000
+    verdict = "meets" if added <= TARGET_CHECKPOINT_MS else "MISSES"
+    print("\nsigned trials (Ed25519, a checkpoint every record), warm API, `true`, median ms a call:")
+    print(f"  unsigned {got['unsigned'] * 1000:.3f}   signed {got['signed'] * 1000:.3f}   "
+          f"added {added:+.3f}  {verdict} {TARGET_CHECKPOINT_MS} ms")  # fmt: skip
+    print(f"  the checkpoint alone (payload, DSSE, Ed25519 sign): {got['checkpoint'] * 1e6:.0f} us")
+    print(f"  a statement over {got['records']} records (a whole check, sign, write): {got['statement'] * 1000:.1f} ms")
+    key = work / "cli-bench.key"
+    subprocess.run([tool, "keygen", "-o", str(key)], capture_output=True, check=True)
+    figures = {}
+    for name, extra in (("unsigned", []), ("signed", ["--signing-key", str(key)])):
+        files = ["--state", str(work / f"cli-{name}.json"), "--log", str(work / f"cli-{name}.jsonl")]
+        argv = [tool, *files, *UNSANDBOXED, "--max-calls", "1000000", *extra, "--", "true"]
+        median_seconds(argv, 3, env={**os.environ, "TRIALTOOL_SERVER": "on"})
+        figures[name] = median_seconds(argv, runs, env={**os.environ, "TRIALTOOL_SERVER": "on"})
+    added = (figures["signed"] - figures["unsigned"]) * 1000
+    print(f"  the CLI through the per-user server: unsigned {figures['unsigned'] * 1000:.1f}, "
+          f"signed {figures['signed'] * 1000:.1f} ({added:+.1f}: the key read and checked each call)")  # fmt: skip
+
+
+def graders_figures(tool: str, trials: Path, replicate: int, public_key: Path | None = None) -> None:
     """`report` (verify every trial) and `export` to Parquet over DIR; then over DIR hard-linked `replicate` times."""
     count = sum(1 for _ in trials.rglob("*.jsonl"))
     out = Path(tempfile.mkdtemp(prefix="trialtool-graders-"))
@@ -1167,15 +1233,25 @@ def graders_figures(tool: str, trials: Path, replicate: int) -> None:
             cases.append((copies, count * replicate))
         for root, trials_there in cases:
             export = [tool, "export", str(root), "--format", "parquet", "-o", str(out / "c.parquet")]
+            report = [tool, "report", str(root), "--format", "json", "-o", str(out / "r.json")]
+            signed = [("report --public-key", [*report, "--public-key", str(public_key)])] if public_key else []
+            plain_seconds = None
             for label, argv in (
-                ("report, verifying all", [tool, "report", str(root), "--format", "json", "-o", str(out / "r.json")]),
+                ("report, verifying all", report),
+                *signed,
                 ("export to Parquet", export),
                 ("export, trials table too", [*export, "--trials", str(out / "t.parquet")]),
                 ("report as HTML", [tool, "report", str(root), "--format", "html", "-o", str(out / "r.html")]),
             ):
                 seconds, megabytes, code = tree_peak(argv)
                 target = ""
-                if trials_there == 10_000 and label.startswith("report, "):
+                if label == "report, verifying all":
+                    plain_seconds = seconds
+                if label == "report --public-key" and plain_seconds:
+                    ratio = seconds / plain_seconds
+                    met = ratio <= TARGET_SIGNED_REPORT
+                    target = f"  {ratio:.2f}x report: {'meets' if met else 'MISSES'} {TARGET_SIGNED_REPORT}x"
+                elif trials_there == 10_000 and label.startswith("report, "):
                     met = seconds <= TARGET_REPORT[0] and megabytes <= TARGET_REPORT[1]
                     target = f"  {'meets' if met else 'MISSES'} {TARGET_REPORT[0]:.0f} s, {TARGET_REPORT[1]:.0f} MB"
                 elif trials_there == 10_000 and label.startswith("export"):
@@ -1197,7 +1273,15 @@ def main() -> int:
     parser.add_argument("--egress", action="store_true", help="only the egress allowlist's figures")
     parser.add_argument("--gvisor", action="store_true", help="only the gvisor backend's figures")
     parser.add_argument("--along", action="store_true", help="only a call's cost along a long trial, and its phases")
+    parser.add_argument("--signing", action="store_true", help="only what a signed trial adds to a call")
+    parser.add_argument("--public-key", type=Path, help="with --trials: also `report --public-key` (signed trials)")
     args = parser.parse_args()
+    if args.signing:
+        work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))
+        os.environ["TRIALTOOL_SERVER_DIR"] = str(work / "servers")
+        signing_figures(args.trial_tool, work, sys.executable, args.runs)
+        shutil.rmtree(work)
+        return 0
     if args.along:
         work = Path(tempfile.mkdtemp(prefix="trialtool-bench-"))
         along_figures(args.trial_tool, work, sys.executable, args.runs)
@@ -1220,7 +1304,7 @@ def main() -> int:
         shutil.rmtree(work)
         return 0
     if args.trials is not None:
-        graders_figures(args.trial_tool, args.trials, args.replicate)
+        graders_figures(args.trial_tool, args.trials, args.replicate, args.public_key)
         return 0
     tool = args.trial_tool
     python = sys.executable
@@ -1283,6 +1367,7 @@ def main() -> int:
     server_figures(tool, work, python, args.runs)
     ledger_figures(tool, work, python)
     along_figures(tool, work, python, args.runs)
+    signing_figures(tool, work, python, args.runs)
     print("\nimport cost, cumulative, median of 7 fresh interpreters (-X importtime):")
     for module in ("trialtool.doors.cli", "tiktoken", "psutil", "filelock"):
         cost = import_ms(python, module)

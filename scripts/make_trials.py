@@ -1,6 +1,6 @@
 """Write many real trials, for the graders' benchmarks: every file made by trial-tool's API.
 
-    python scripts/make_trials.py DIR [--trials N] [--calls 12] [--jobs J]
+    python scripts/make_trials.py DIR [--trials N] [--calls 12] [--jobs J] [--signing-key KEY]
 
 Trials go to DIR/shard-KK/trial-NNNNNN.json and .jsonl, made by J worker
 processes, each running its trials' calls through `Trial.run` (unsandboxed,
@@ -42,15 +42,22 @@ def commands(number: int, calls: int) -> list[list[str]]:
 _FORK_SERVER = None
 
 
-def make(job: tuple[str, int, int]) -> int:
+_SIGNING_KEY = None
+
+
+def make(job: tuple[str, int, int, str | None]) -> int:
     from trialtool import BudgetExhausted, Trial
     from trialtool.process._forkserver import ForkServer
 
-    global _FORK_SERVER
+    global _FORK_SERVER, _SIGNING_KEY
     if _FORK_SERVER is None:
         _FORK_SERVER = ForkServer()  # one per worker, as the per-user server shares one among its trials
 
-    directory, number, calls = job
+    directory, number, calls, signing = job
+    if signing is not None and _SIGNING_KEY is None:
+        from trialtool import read_signing_key
+
+        _SIGNING_KEY = read_signing_key(signing)
     base = Path(directory) / f"shard-{number % 100:02}" / f"trial-{number:06}"
     state, log = base.with_suffix(".json"), base.with_suffix(".jsonl")
     greedy = number % 10 == 9
@@ -62,7 +69,7 @@ def make(job: tuple[str, int, int]) -> int:
     limits = dict(LIMITS)
     if number % 200 == 199:
         limits["max_tokens"] = 30_000  # held to other rules
-    with Trial(state, log, limits=limits, fork_server=_FORK_SERVER) as trial:
+    with Trial(state, log, limits=limits, fork_server=_FORK_SERVER, signing_key=_SIGNING_KEY) as trial:
         for command in commands(number, wanted):
             try:
                 trial.run(command)
@@ -77,11 +84,13 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=10_000)
     parser.add_argument("--calls", type=int, default=12, help="calls a trial makes (the budget is 14)")
     parser.add_argument("--jobs", type=int, default=(os.cpu_count() or 1) * 2)
+    parser.add_argument("--signing-key", help="sign every trial with this key (made by `trial-tool keygen`)")
     args = parser.parse_args()
     for shard in range(min(100, args.trials)):
         (Path(args.directory) / f"shard-{shard:02}").mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    jobs = [(args.directory, number, args.calls) for number in range(args.trials)]
+    signing = None if args.signing_key is None else os.path.abspath(args.signing_key)
+    jobs = [(args.directory, number, args.calls, signing) for number in range(args.trials)]
     made = 0
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         for done, fresh in enumerate(pool.imap_unordered(make, jobs, chunksize=8), 1):

@@ -438,3 +438,18 @@ def test_report_and_export_over_signed_and_unsigned_trials(tmp_path: Path, key: 
     several.write_text(other.public.pem() + public.read_text())
     again = plain.tool("report", str(tmp_path / "trials" / "a"), "--format", "json", "--public-key", str(several))
     assert again.returncode == 0, again.stdout
+
+
+def test_an_unsigned_call_loads_nothing_of_the_signing_room(tmp_path: Path) -> None:
+    from trialtool import signing
+    from trialtool.doors import fromflags
+
+    assert fromflags.SIGNING_KEY_ENV == signing.SIGNING_KEY_ENV
+    script = (
+        "import sys, trialtool.doors.cli as cli\n"
+        "flags = ['--state', 's.json', '--log', 'l.jsonl', '--sandbox', 'none', '--in-process']\n"
+        "code = cli.main([*flags, '--', 'true'])\n"
+        "print(code, sorted(name for name in sys.modules if name.startswith(('trialtool.signing', 'cryptography'))))\n"
+    )
+    done = subprocess.run([PY, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.stdout.split(" ", 1) == ["0", "[]\n"], done.stderr

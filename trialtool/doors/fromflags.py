@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from ..ledger import key_from_environ, read_key_file
-from ..signing import signing_key_path
 from ..types import CallRequest, Command
 from .options import Arguments, overrides
 
@@ -21,6 +20,10 @@ if TYPE_CHECKING:
     from ..process import ForkServer
     from ..signing import SigningKey
     from ..trial import Trial
+
+
+#: signing.SIGNING_KEY_ENV, named here so that an unsigned call need not import the signing room to ask.
+SIGNING_KEY_ENV = "TRIALTOOL_SIGNING_KEY"
 
 
 def key_of(args: Arguments, environ: Mapping[str, str] = os.environ) -> bytes | None:
@@ -49,11 +52,14 @@ def trial_settings(args: Arguments, environ: Mapping[str, str] = os.environ) -> 
     from ..output import RANK_FILE_ENV
 
     hidden = [args.key_file] if args.key_file is not None else []
-    signing_path = signing_key_path(getattr(args, "signing_key", None), environ)
     signing_key = None
-    if signing_path is not None:
-        from ..signing import read_signing_key
+    named = getattr(args, "signing_key", None)
+    # The signing room only for a signed trial: an unsigned call does not load it (1.5 ms in process).
+    if named is not None or environ.get(SIGNING_KEY_ENV):
+        from ..signing import read_signing_key, signing_key_path
 
+        signing_path = signing_key_path(named, environ)
+        assert signing_path is not None  # named, or in the environment
         signing_key = read_signing_key(signing_path)
         hidden.append(signing_path)
     return {

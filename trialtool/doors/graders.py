@@ -73,7 +73,8 @@ def status(args: Arguments, key: bytes | None) -> int:
         print(json.dumps(_status_document(summary), indent=2))
     else:
         print(render.status_text(summary, summary["left"]))
-    return EXIT_NOT_INTACT if summary["integrity"]["verdict"] == "failed" else 0
+    # A signature that does not hold (checked with --public-key) fails the trial as a bad record does.
+    return EXIT_NOT_INTACT if summary["integrity"]["verdict"] in ("failed", "signature_invalid") else 0
 
 
 def _status_document(summary: Summary) -> dict[str, object]:
@@ -119,7 +120,8 @@ def show(args: Arguments, key: bytes | None) -> int:
         else:
             started = summary.get("started_at_utc")
             print(render.calls_table(calls, started if isinstance(started, str) else None))
-        return EXIT_NOT_INTACT if summary["integrity"]["verdict"] == "failed" else 0
+        # A signature that does not hold (checked with --public-key) fails the trial as a bad record does.
+    return EXIT_NOT_INTACT if summary["integrity"]["verdict"] in ("failed", "signature_invalid") else 0
     if args.record is not None:
         chosen = [record for record in records if record.get("record") == args.record]
         if not chosen:

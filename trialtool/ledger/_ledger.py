@@ -26,7 +26,6 @@ from ..errors import BudgetExhausted, LockTimeout, StateError, StorageError, Usa
 from ..osio import plain, process_token, require_directory
 from ..sandbox import PinSandbox
 from ..types import FLAG_OF, budget
-from . import _attest as attest
 from . import _audit as audit
 from . import _clock as clock
 from . import _durable as durable
@@ -411,7 +410,11 @@ class Ledger:
 
     def _ended(self, state: TrialState) -> None:
         """A signed trial whose budget is now spent, with nothing in flight, gets its statement (once)."""
-        if self.signing_key is None or state.in_flight or attest.ended_by(state) is None:
+        if self.signing_key is None or state.in_flight:
+            return
+        from . import _attest as attest  # a signed trial's only: an unsigned call loads none of it
+
+        if attest.ended_by(state) is None:
             return
         if state.statement is not None and state.statement.get("signed_on") == "budget_spent":
             return  # signed at its end already: later refusals are covered by checkpoints
@@ -431,6 +434,8 @@ class Ledger:
         if self.signing_key is None:
             msg = "attesting a trial needs its signing key (--signing-key or $TRIALTOOL_SIGNING_KEY)"
             raise UsageError(msg)
+        from . import _attest as attest
+
         with self._lock():
             state = self.store.open(None, create=False)
             self.store.check_signer(state)

@@ -119,7 +119,10 @@ def check(
     try:
         if statement is not None:
             covered, signer, digest, predicate = _statement(statement, log, steps, state, trusted)
-        if state is not None and state.checkpoint is not None:
+        hint = None if state is None or state.checkpoint is None else state.checkpoint.get("records")
+        # A checkpoint that says it covers no more than the statement adds nothing: it is not checked
+        # (its hint is unsigned, but a wrong one only leaves records uncovered, never covers more).
+        if state is not None and state.checkpoint is not None and not (isinstance(hint, int) and hint <= covered):
             reach, by = _checkpoint(state.checkpoint, steps, state.trial_id, trusted)
             if reach > covered:
                 covered, signer = reach, signer or by

@@ -23,7 +23,6 @@ from .. import sandbox
 from ..errors import StateError, UsageError
 from ..types import Limits
 from ..types import limits as limit_rules
-from . import _attest as attest
 from . import _audit as audit
 from . import _clock as clock
 from . import _durable as durable
@@ -83,6 +82,8 @@ class Store:
         record["ledger_after"] = state.totals().as_json()
         state.log = audit.append(self.log_path, record, state.log, self.chain, claim=claim)
         if self.signing_key is not None and state.signer == self.signing_key.fingerprint:
+            from . import _attest as attest  # a signed trial's only: an unsigned call loads none of it
+
             attest.checkpoint(state, self.signing_key)
 
     def check_signer(self, state: TrialState) -> None:

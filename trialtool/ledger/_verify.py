@@ -35,16 +35,18 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from .. import signing
 from ..errors import StateError, StorageError
 from ..osio import alive, plain
 from . import _audit as audit
 from . import _durable as durable
-from . import _signatures as signatures
 from . import _snapshot as snapshot
 from ._records import START, Totals, apply, whole
-from ._signatures import Signatures
 from ._state import TrialState, decode
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .. import signing
+    from ._signatures import Signatures
 
 
 class Problem(NamedTuple):
@@ -137,8 +139,10 @@ def verify(
         return Report(False, problems, 0, Totals(), verdict="failed", why=exc.message)
     statement = None
     if trusted is not None:
+        from ..signing import statement as statements
+
         try:
-            statement = durable.read_bytes(log_path + signing.statement.SUFFIX)
+            statement = durable.read_bytes(log_path + statements.SUFFIX)
         except StorageError:
             statement = None  # unreadable: nothing it says is taken, the log reads as unsigned
     return check(taken, state_path, key, expect_head, trusted, statement)
@@ -190,6 +194,8 @@ def check(
     in_flight = [] if state is None else [entry for entry in _in_flight(state) if entry["sequence"] not in charged]
     signed = None
     if trusted is not None:
+        from . import _signatures as signatures  # checked with public keys only: a plain check loads none of it
+
         signed = signatures.check(taken.log, steps, state, statement, trusted)
     verdict, why = _verdict(problems, unverified, in_flight, recoverable, len(steps), signed)
     pending = None

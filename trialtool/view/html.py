@@ -90,8 +90,8 @@ _HEAD = """<!DOCTYPE html>
 <h2>Trials</h2>
 <div class="legend" id="legend">
 <span class="other-rules-cell">other rules than the majority's (the fairness check)</span>
-<span class="v-failed">failed: the files do not add up</span>
-<span class="v-doubt">unconfirmed, in flight or unverified: not clean, not proven wrong</span></div>
+<span class="v-failed">failed, or signature_invalid: the files do not add up, or a signature does not hold</span>
+<span class="v-doubt">unconfirmed, in flight, unverified or unsigned: not clean, not proven wrong</span></div>
 <input id="filter" placeholder="filter: any text of the row (path, id, integrity, ended by)">
 <span id="count" class="muted"></span>
 <table id="trials"><thead><tr></tr></thead><tbody></tbody></table>

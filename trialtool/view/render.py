@@ -114,9 +114,17 @@ def status_text(summary: Summary, left: dict[str, Any]) -> str:
         ),
         f"log       {summary['records']} records, {'HMAC-SHA256 (keyed)' if summary['keyed'] else 'SHA-256'} chain",
         f"head      {summary['head']}",
+        *([f"signed    {_signed_text(signed)}"] if (signed := summary["signature"])["signer"] else []),
         f"integrity {intact}" + (f": {integrity['why']}" if verdict not in ("clean",) and "why" in integrity else ""),
     ]
     return "\n".join(visible(line) for line in lines)
+
+
+def _signed_text(signed: Any) -> str:
+    """Who signs the trial, and (checked with --public-key) what the signatures cover."""
+    if signed["status"] == "not_checked":
+        return f"by key {signed['signer']} (--public-key checks it)"
+    return f"by key {signed['signer']}: {signed['status']}, {signed.get('signed_records')} records covered"
 
 
 def network_text(sandbox: dict[str, Any], shown: int = 6) -> str:

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from ..errors import UsageError
+from ..signing import statement as statements
 
 #: The longest first line read for its trial id (a call's record holds its output, a few MB).
 _FIRST_LINE = 64 << 20
@@ -119,8 +120,8 @@ def _directory(
     visible = sorted(name for name in names if not name.startswith("."))
     logs = [os.path.join(directory, name) for name in visible if name.endswith(".jsonl")]
     for name in visible:
-        if not name.endswith(".json"):
-            continue
+        if not name.endswith(".json") or name.endswith(statements.SUFFIX):
+            continue  # a signed trial's statement is not a state: not even read
         path = os.path.join(directory, name)
         real = _real(path)
         if real in states or (only is not None and real != only):

@@ -49,7 +49,8 @@ const head = document.querySelector("#trials thead tr");
 let sortBy = -1, ascending = true, shown = 500;
 columns.forEach(([name], i) => { const th = el("th", name); th.onclick = () => { ascending = sortBy === i ? !ascending : true; sortBy = i; draw(); }; head.appendChild(th); });
 // Two markers, never one for both: other rules (the fairness check) and the verdict (integrity).
-const VERDICT_CLASS = {failed: "v-failed", unconfirmed: "v-doubt", in_flight: "v-doubt", unverified: "v-doubt"};
+const VERDICT_CLASS = {failed: "v-failed", signature_invalid: "v-failed", unconfirmed: "v-doubt", in_flight: "v-doubt",
+  unverified: "v-doubt", unsigned: "v-doubt"};
 trials.forEach((t, i) => { t._index = i; t._other = groupOf(t) !== 1; t._verdict = VERDICT_CLASS[t.integrity.verdict] || "";
   t._text = [t.state, t.trial_id, reasonOf(t), t.ended_by || "", JSON.stringify(t.labels || {})].join(" ").toLowerCase(); });
 const filter = document.getElementById("filter");
