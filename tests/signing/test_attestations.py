@@ -453,3 +453,23 @@ def test_an_unsigned_call_loads_nothing_of_the_signing_room(tmp_path: Path) -> N
     )
     done = subprocess.run([PY, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert done.stdout.split(" ", 1) == ["0", "[]\n"], done.stderr
+
+
+def test_pae_is_the_dsse_specifications_and_both_base64_alphabets_are_read(tmp_path: Path) -> None:
+    # The DSSE specification's own example.
+    assert dsse.pae("http://example.com/HelloWorld", b"hello world") == (
+        b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    )
+    key = generate(str(tmp_path / "k"))
+    payload = bytes(range(256)) * 3  # base64 of this has both + and /
+    envelope = dsse.seal(payload, "application/x-test", key)
+    urlsafe = {
+        **envelope,
+        "payload": str(envelope["payload"]).replace("+", "-").replace("/", "_"),
+    }
+    trusted = {key.fingerprint: key.public}
+    for form in (envelope, urlsafe):
+        opened = dsse.open_envelope(form, "application/x-test", trusted)
+        assert opened == (payload, key.fingerprint)
+    with pytest.raises(dsse.BadEnvelope, match="payloadType"):
+        dsse.open_envelope(envelope, "application/vnd.in-toto+json", trusted)

@@ -61,6 +61,12 @@ def verdict_exit(verdict: str, *, strict: bool) -> int:
     return EXIT_OF_VERDICT[verdict]
 
 
+def _intact_exit(verdict: str) -> int:
+    """`status`'s and `show`'s exit code: 1 for a trial that fails, by a bad record or (checked with
+    --public-key) a signature that does not hold."""
+    return EXIT_NOT_INTACT if verdict in ("failed", "signature_invalid") else 0
+
+
 def status(args: Arguments, key: bytes | None) -> int:
     from ..view import render
     from ..view.summary import summarize
@@ -73,8 +79,7 @@ def status(args: Arguments, key: bytes | None) -> int:
         print(json.dumps(_status_document(summary), indent=2))
     else:
         print(render.status_text(summary, summary["left"]))
-    # A signature that does not hold (checked with --public-key) fails the trial as a bad record does.
-    return EXIT_NOT_INTACT if summary["integrity"]["verdict"] in ("failed", "signature_invalid") else 0
+    return _intact_exit(summary["integrity"]["verdict"])
 
 
 def _status_document(summary: Summary) -> dict[str, object]:
@@ -120,8 +125,7 @@ def show(args: Arguments, key: bytes | None) -> int:
         else:
             started = summary.get("started_at_utc")
             print(render.calls_table(calls, started if isinstance(started, str) else None))
-        # A signature that does not hold (checked with --public-key) fails the trial as a bad record does.
-    return EXIT_NOT_INTACT if summary["integrity"]["verdict"] in ("failed", "signature_invalid") else 0
+        return _intact_exit(summary["integrity"]["verdict"])
     if args.record is not None:
         chosen = [record for record in records if record.get("record") == args.record]
         if not chosen:
@@ -142,7 +146,7 @@ def show(args: Arguments, key: bytes | None) -> int:
     ]
     if args.json:
         print(json.dumps(shown if len(shown) > 1 else shown[0], indent=2))
-        return EXIT_NOT_INTACT if integrity["verdict"] == "failed" else 0
+        return _intact_exit(integrity["verdict"])
     verdicts = {True: "matches the record", False: "DOES NOT match the record", None: "nothing was delivered"}
     for entry, delivered in zip(shown, delivered_of, strict=True):
         said = entry["integrity"]
@@ -161,7 +165,7 @@ def show(args: Arguments, key: bytes | None) -> int:
                 # What the command wrote, its control characters shown as escapes (render.visible).
                 text = render.visible(text, block=True)
                 print(text, end="" if text.endswith("\n") else "\n")
-    return EXIT_NOT_INTACT if integrity["verdict"] == "failed" else 0
+    return _intact_exit(integrity["verdict"])
 
 
 def _said_of(record: Mapping[str, object], integrity: Integrity) -> dict[str, object]:

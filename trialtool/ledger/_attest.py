@@ -16,6 +16,7 @@ made from a whole check of the trial's files as they are on disk under the lock
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 
@@ -87,8 +88,6 @@ def write_statement(state: TrialState, state_path: str, log_path: str, key: sign
         os.path.basename(log_path), hashlib.sha256(signed).hexdigest(), len(signed), predicate
     )
     envelope = signing.dsse.seal(body, signing.statement.PAYLOAD_TYPE, key)
-    import json
-
     durable.atomic_write(statement_path(log_path), json.dumps(envelope, indent=2).encode() + b"\n")
     digest = hashlib.sha256(body).hexdigest()
     state.statement = {"records": state.log.records, "sha256": digest, "signed_on": signed_on}

@@ -7,7 +7,7 @@ What is signed is the pre-authentication encoding of the payload and its type,
 (LEN the ASCII decimal length in bytes), never the JSON around it, so an
 envelope's own formatting cannot change what it says. The envelope is the
 JSON object {"payload", "payloadType", "signatures": [{"keyid", "sig"}]},
-payload and sig in standard base64; each signature's `keyid` is its key's
+payload and sig in standard base64 (URL-safe is read too, as DSSE allows); each signature's `keyid` is its key's
 fingerprint (_keys.py).
 """
 
@@ -53,7 +53,8 @@ def _b64(value: object, what: str) -> bytes:
     if not isinstance(value, str):
         raise BadEnvelope(f"the envelope's {what} is not a base64 string")
     try:
-        return base64.b64decode(value, validate=True)
+        # DSSE allows standard or URL-safe base64 (trialtool writes standard); padding is required.
+        return base64.b64decode(value.replace("-", "+").replace("_", "/"), validate=True)
     except (binascii.Error, ValueError):
         raise BadEnvelope(f"the envelope's {what} is not valid base64") from None
 
