@@ -1176,7 +1176,10 @@ for _ in range(runs):
             trial.run(["true"])
         per[name].append((time.perf_counter() - started) / 10)
 state = signed.status()
-sign = min(timeit.repeat(lambda: attest.checkpoint(state, key), number=2000, repeat=5)) / 2000
+def fresh_checkpoint():
+    state.checkpoint = None  # else it covers the log already, and nothing is signed
+    attest.checkpoint(state, key)
+sign = min(timeit.repeat(fresh_checkpoint, number=2000, repeat=5)) / 2000
 state.checkpoint = None
 started = time.perf_counter()
 signed.attest()
