@@ -473,3 +473,27 @@ def test_pae_is_the_dsse_specifications_and_both_base64_alphabets_are_read(tmp_p
         assert opened == (payload, key.fingerprint)
     with pytest.raises(dsse.BadEnvelope, match="payloadType"):
         dsse.open_envelope(envelope, "application/vnd.in-toto+json", trusted)
+
+
+def test_a_statements_write_cut_short_leaves_nothing_after_the_next(tmp_path: Path, key: Path) -> None:
+    trial = Signed(tmp_path / "t", key)
+    assert trial.call("true").returncode == 0
+    dead = subprocess.Popen(["true"])  # a process that has ended: its pid is a dead writer's
+    dead.wait()
+    left = trial.root / f".l.jsonl{statements.SUFFIX}.{dead.pid}.0badc0de.tmp"
+    left.write_text("half a statement")
+    files = ["--state", str(trial.state), "--log", str(trial.log), "--signing-key", str(key)]
+    assert trial.tool("attest", *files).returncode == 0
+    assert not left.exists() and trial.statement.exists()
+
+
+def test_a_key_file_read_again_is_parsed_again_only_once_it_changed(tmp_path: Path) -> None:
+    path = tmp_path / "k"
+    first = generate(str(path))
+    read = read_signing_key(str(path))
+    assert read is read_signing_key(str(path)) and read.fingerprint == first.fingerprint
+    other = generate(str(tmp_path / "other"))
+    os.replace(tmp_path / "other", path)  # another key in its place
+    assert read_signing_key(str(path)).fingerprint == other.fingerprint
+    path.write_bytes(first._key.private_bytes_raw())  # rewritten in place
+    assert read_signing_key(str(path)).fingerprint == first.fingerprint

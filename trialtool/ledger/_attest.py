@@ -26,6 +26,7 @@ from ..errors import StateError
 from ..types import budget
 from . import _clock as clock
 from . import _durable as durable
+from . import _mending as mending
 from . import _snapshot as snapshot
 from . import _verify as verifying
 from ._state import TrialState
@@ -88,7 +89,9 @@ def write_statement(state: TrialState, state_path: str, log_path: str, key: sign
         os.path.basename(log_path), hashlib.sha256(signed).hexdigest(), len(signed), predicate
     )
     envelope = signing.dsse.seal(body, signing.statement.PAYLOAD_TYPE, key)
-    durable.atomic_write(statement_path(log_path), json.dumps(envelope, indent=2).encode() + b"\n")
+    path = statement_path(log_path)
+    mending.sweep_temporaries(path)  # what an earlier statement's write, cut short by a crash, left
+    durable.atomic_write(path, json.dumps(envelope, indent=2).encode() + b"\n")
     digest = hashlib.sha256(body).hexdigest()
     state.statement = {"records": state.log.records, "sha256": digest, "signed_on": signed_on}
     return digest

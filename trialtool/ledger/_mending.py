@@ -56,9 +56,9 @@ def roll_forward(state: TrialState, line: bytes, chain: audit.Chain, log_path: s
     return record
 
 
-def sweep_temporaries(state_path: str) -> None:
-    """Remove temp files of state writes cut short by a crash (their writer is dead)."""
-    directory, name = os.path.split(state_path)
+def sweep_temporaries(path: str) -> None:
+    """Remove temp files of writes of `path` (the state, a statement) cut short by a crash (their writer is dead)."""
+    directory, name = os.path.split(path)
     directory = directory or "."
     prefix = f".{name}."
     try:

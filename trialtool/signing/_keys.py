@@ -25,6 +25,8 @@ from ..osio import plain, write_all
 SIGNING_KEY_ENV = "TRIALTOOL_SIGNING_KEY"
 #: The most a key file may hold: a PEM key is about 120 bytes, a file of trusted keys a few per key.
 _MAX_FILE_BYTES = 1 << 20
+#: Signing keys read, by path: (the file's stamp when read, the key). Bounded: cleared at 64.
+_LOADED: dict[str, tuple[tuple[int, ...], SigningKey]] = {}
 _PEM = re.compile(rb"-----BEGIN ([A-Z ]+)-----\s+(.+?)-----END \1-----", re.DOTALL)
 
 
@@ -87,17 +89,20 @@ class SigningKey:
         )
 
 
-def _read(path: str, what: str) -> bytes:
+def _read(path: str, what: str) -> tuple[bytes, tuple[int, ...]]:
+    """The file's bytes, and its stamp (device, inode, size, mtime, ctime): the same stamp, the same bytes."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except OSError as exc:
         msg = f"cannot read {what} {plain(path)}: {exc.strerror}"
         raise UsageError(msg) from exc
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             msg = f"{what} {plain(path)} is not a regular file"
             raise UsageError(msg)
-        data = os.read(fd, _MAX_FILE_BYTES + 1)
+        stamp = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        data = b"" if _LOADED.get(path, (None,))[0] == stamp else os.read(fd, _MAX_FILE_BYTES + 1)
     except OSError as exc:
         msg = f"cannot read {what} {plain(path)}: {exc.strerror}"
         raise UsageError(msg) from exc
@@ -106,7 +111,7 @@ def _read(path: str, what: str) -> bytes:
     if len(data) > _MAX_FILE_BYTES:
         msg = f"{what} {plain(path)} is larger than any key file ({_MAX_FILE_BYTES} bytes)"
         raise UsageError(msg)
-    return data
+    return data, stamp
 
 
 def _hex32(text: bytes) -> bytes | None:
@@ -118,9 +123,23 @@ def _hex32(text: bytes) -> bytes | None:
 
 
 def read_signing_key(path: str, setting: str = "--signing-key") -> SigningKey:
-    """The Ed25519 signing key in the file at `path` (PEM, or its raw 32-byte seed, or that in hex)."""
-    data = _read(path, setting)
-    what = f"{setting} {plain(path)}"
+    """The Ed25519 signing key in the file at `path` (PEM, or its raw 32-byte seed, or that in hex).
+
+    A file read before and not changed since (its stamp) is not parsed again: the per-user
+    server reads its callers' key files on every call.
+    """
+    data, stamp = _read(path, setting)
+    known = _LOADED.get(path)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    key = _parse_signing_key(data, f"{setting} {plain(path)}")
+    if len(_LOADED) >= 64:
+        _LOADED.clear()
+    _LOADED[path] = (stamp, key)
+    return key
+
+
+def _parse_signing_key(data: bytes, what: str) -> SigningKey:
     if b"-----BEGIN" in data:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -157,7 +176,7 @@ def signing_key_path(flag: str | None, environ: Mapping[str, str]) -> str | None
 
 def read_public_keys(path: str, setting: str = "--public-key") -> dict[str, PublicKey]:
     """The trusted keys in the file at `path`, by fingerprint: PEM public keys, or lines of 64 hex digits."""
-    data = _read(path, setting)
+    data, _ = _read(path, setting)
     what = f"{setting} {plain(path)}"
     keys: dict[str, PublicKey] = {}
     if b"-----BEGIN" in data:
