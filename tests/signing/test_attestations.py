@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import wait_until
+from tests.conftest import marked, wait_until
 from trialtool import Trial, UsageError, read_signing_key
 from trialtool.ledger import verify
 from trialtool.signing import dsse, generate, read_public_keys
@@ -255,12 +255,13 @@ def test_a_log_swapped_for_another_trials_fails(made: tuple[Path, Path], tmp_pat
     assert _verdict(one, made[1]) == "signature_invalid"
 
 
-def test_a_trial_killed_mid_run_verifies_up_to_its_last_checkpoint(tmp_path: Path, key: Path) -> None:
+def test_a_trial_killed_mid_run_verifies_up_to_its_last_checkpoint(tmp_path: Path, key: Path, marker: str) -> None:
     trial = Signed(tmp_path / "t", key, "--checkpoint-every", "4")
     for number in range(5):
         assert trial.call("echo", str(number)).returncode == 0
     # A sixth call, killed (trial-tool and all) while its command runs: no statement, no record of it.
-    argv = [PY, "-m", "trialtool", *trial.flags, "--sandbox", "none", "--in-process", "--", "sleep", "60"]
+    sleeper = [PY, "-c", "import time; time.sleep(60)", marker]  # the marker fixture reaps it whatever happens
+    argv = [PY, "-m", "trialtool", *trial.flags, "--sandbox", "none", "--in-process", "--", *sleeper]
     running = subprocess.Popen(argv, cwd=trial.root, start_new_session=True)
     try:
         assert wait_until(lambda: len(json.loads(trial.state.read_text())["in_flight"]) == 1)
@@ -273,8 +274,9 @@ def test_a_trial_killed_mid_run_verifies_up_to_its_last_checkpoint(tmp_path: Pat
     assert report["records"] == 6 and report["signature"]["signed_records"] == 4
     assert "records 5 to 6 are not signed" in report["signature"]["why"]
     assert report["in_flight"] == [{"sequence": 6, "owner": "gone"}]
-    # The next call records the killed one, and its checkpoint covers all of it again.
+    # The next call records the killed one (and stops what it left running), its checkpoint covering all again.
     assert trial.call("true").returncode == 0
+    assert wait_until(lambda: not marked(marker))
     code, report = trial.verify(key.with_suffix(".pub"))
     assert report["signature"]["signed_records"] == 8 and report["records"] == 8, report
 
@@ -425,7 +427,8 @@ def test_report_and_export_over_signed_and_unsigned_trials(tmp_path: Path, key: 
     without = plain.tool("report", trials, "--format", "json")
     assert without.returncode == 0
     table = tmp_path / "trials.jsonl"
-    exported = plain.tool("export", trials, "--public-key", str(public), "--trials", str(table), "-o", os.devnull)
+    calls = str(tmp_path / "calls.jsonl")
+    exported = plain.tool("export", trials, "--public-key", str(public), "--trials", str(table), "-o", calls)
     assert exported.returncode == 0, exported.stderr
     rows = {Path(row["state"]).parent.name: row for row in map(json.loads, table.read_text().splitlines())}
     fingerprint = read_signing_key(str(key)).fingerprint

@@ -51,8 +51,7 @@ def statement_path(log_path: str) -> str:
 
 def ended_by(state: TrialState) -> str | None:
     """The budget that is spent (the status a next call is refused with), or None while calls may run."""
-    refused = budget.refusal(state.limits, state.calls, state.emitted_tokens, state.elapsed())
-    return None if refused is None else refused[0]
+    return budget.of(state).refusal_status
 
 
 def write_statement(state: TrialState, state_path: str, log_path: str, key: signing.SigningKey, signed_on: str) -> str:

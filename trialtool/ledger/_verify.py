@@ -137,15 +137,19 @@ def verify(
     except StorageError as exc:
         problems.append(Problem(None, None, exc.message))
         return Report(False, problems, 0, Totals(), verdict="failed", why=exc.message)
-    statement = None
-    if trusted is not None:
-        from ..signing import statement as statements
-
-        try:
-            statement = durable.read_bytes(log_path + statements.SUFFIX)
-        except StorageError:
-            statement = None  # unreadable: nothing it says is taken, the log reads as unsigned
+    statement = None if trusted is None else statement_of(log_path)
     return check(taken, state_path, key, expect_head, trusted, statement)
+
+
+def statement_of(log_path: str) -> bytes | None:
+    """The bytes of the signed statement beside the log, or None: none there, or unreadable (then
+    nothing it says is taken, and the log reads as unsigned)."""
+    from ..signing import statement as statements
+
+    try:
+        return durable.read_bytes(log_path + statements.SUFFIX)
+    except StorageError:
+        return None
 
 
 def _keyed(raw: bytes | None) -> bool:
@@ -403,4 +407,4 @@ def render(report: Report) -> str:
     return "\n".join(out)
 
 
-__all__ = ["VERDICTS", "Problem", "Report", "check", "render", "verify"]
+__all__ = ["VERDICTS", "Problem", "Report", "check", "render", "statement_of", "verify"]

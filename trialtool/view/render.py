@@ -13,7 +13,7 @@ from .calls import command_text, instant
 
 if TYPE_CHECKING:
     from .report import Report
-    from .summary import Summary
+    from .summary import Signature, Summary
 
 #: Every pinned limit, in the order of `Limits`.
 LIMIT_FIELDS = Limits._fields
@@ -120,7 +120,7 @@ def status_text(summary: Summary, left: dict[str, Any]) -> str:
     return "\n".join(visible(line) for line in lines)
 
 
-def _signed_text(signed: Any) -> str:
+def _signed_text(signed: Signature) -> str:
     """Who signs the trial, and (checked with --public-key) what the signatures cover."""
     if signed["status"] == "not_checked":
         return f"by key {signed['signer']} (--public-key checks it)"

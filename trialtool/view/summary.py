@@ -16,7 +16,7 @@ from typing import NotRequired, TypedDict
 
 from .. import signing
 from ..errors import StateError, TrialToolError
-from ..ledger import GRADING, REFUSED, REPAIR, START, TrialState, audit, decode, durable, snapshot, verify, whole
+from ..ledger import GRADING, REFUSED, REPAIR, START, TrialState, audit, decode, snapshot, verify, whole
 from ..osio import alive
 from ..types import LATER_FIELDS, Limits, budget
 from .calls import mapping, typed
@@ -224,12 +224,7 @@ def summarize_snapshot(
     """
     state, raw = _state(taken, state_path, key)
     keyed = raw.get("chain") == "hmac-sha256"
-    statement = None
-    if trusted is not None:
-        try:
-            statement = durable.read_bytes(log_path + signing.statement.SUFFIX)
-        except TrialToolError:
-            statement = None  # unreadable: the log reads as unsigned
+    statement = None if trusted is None else verify.statement_of(log_path)
     checking = None if trusted is None else _trusted(trusted)
     report = verify.check(taken, state_path, key if keyed else None, trusted=checking, statement=statement)
     records = records_of(taken.log)
