@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -23,11 +24,25 @@ from trialtool import sandbox
 PY = sys.executable
 ATTEMPTS = (
     "cat {key}; ls -a {keys} ~/.keys; cat ~/.keys/trial.key; "
-    "find / -name trial.key 2>/dev/null; echo forged > l.jsonl.intoto.json; cat {state} {log}; true"
+    # Where the key really is (the test's directory) and what the command's home shows: a walk of the whole
+    # root would take minutes on gVisor's ptrace platform, and finds nothing more.
+    "find {root} ~ -name trial.key 2>/dev/null; echo forged > l.jsonl.intoto.json; cat {state} {log}; true"
 )
 
 
-def _signed(tmp_path: Path, pinned: list[str]) -> tuple[subprocess.CompletedProcess[str], Path, Path, list[str]]:
+class Setup(NamedTuple):
+    """A signed trial's key (in the caller's home), its public key, its files' flags, and how to call it."""
+
+    key: Path
+    public: Path
+    files: list[str]
+    argv: list[str]
+    env: dict[str, str]
+    workspace: Path
+    script: str
+
+
+def _setup(tmp_path: Path) -> Setup:
     home = tmp_path / "home"
     keys = home / ".keys"
     keys.mkdir(parents=True)
@@ -42,16 +57,25 @@ def _signed(tmp_path: Path, pinned: list[str]) -> tuple[subprocess.CompletedProc
     (tmp_path / "trial").mkdir()
     state, log = tmp_path / "trial" / "s.json", tmp_path / "trial" / "l.jsonl"
     files = ["--state", str(state), "--log", str(log)]
-    script = ATTEMPTS.format(key=key, keys=keys, state=state, log=log)
-    argv = [PY, "-m", "trialtool", *files, "--signing-key", str(key), *pinned, "--workspace", str(workspace)]
-    env = {**os.environ, "HOME": str(home)}
-    done = subprocess.run(
-        [*argv, "--", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=workspace, timeout=180
-    )
-    return done, key, public, files
+    script = ATTEMPTS.format(key=key, keys=keys, state=state, log=log, root=tmp_path)
+    argv = [PY, "-m", "trialtool", *files, "--signing-key", str(key)]
+    return Setup(key, public, files, argv, {**os.environ, "HOME": str(home)}, workspace, script)
 
 
-def _unreached(done: subprocess.CompletedProcess[str], key: Path, public: Path, files: list[str]) -> None:
+def _attempt(setup: Setup, pinned: list[str]) -> subprocess.CompletedProcess[str]:
+    argv = [*setup.argv, *pinned, "--workspace", str(setup.workspace), "--", "sh", "-c", setup.script]
+    # Below the test's own timeout, so that a slow call still lets the test's cleanup run.
+    return subprocess.run(argv, capture_output=True, text=True, env=setup.env, cwd=setup.workspace, timeout=100)
+
+
+def _closed(setup: Setup) -> None:
+    """The trial's sandbox (gVisor's) or container ended, whatever became of the call."""
+    argv = [PY, "-m", "trialtool", "close", *setup.files, "--signing-key", str(setup.key)]
+    subprocess.run(argv, capture_output=True, timeout=100)
+
+
+def _unreached(done: subprocess.CompletedProcess[str], setup: Setup) -> None:
+    key, public, files = setup.key, setup.public, setup.files
     assert done.returncode == 0, done.stderr
     secret = key.read_text()
     body = secret.splitlines()[1]  # the base64 line of the PEM
@@ -72,21 +96,22 @@ def _unreached(done: subprocess.CompletedProcess[str], key: Path, public: Path, 
 @pytest.mark.skipif(sandbox.unavailable() is not None, reason=f"bwrap cannot run here: {sandbox.unavailable()}")
 @pytest.mark.parametrize("home", ["trial", "host"])
 def test_bwrap_keeps_the_signing_key_from_the_command(tmp_path: Path, home: str) -> None:
-    _unreached(*_signed(tmp_path, ["--sandbox", "bwrap", "--home", home]))
+    setup = _setup(tmp_path)
+    _unreached(_attempt(setup, ["--sandbox", "bwrap", "--home", home]), setup)
 
 
 @pytest.mark.skipif(gvisor_unavailable() is not None, reason=f"gVisor cannot run here: {gvisor_unavailable()}")
 def test_gvisor_keeps_the_signing_key_from_the_command(tmp_path: Path) -> None:
-    done, key, public, files = _signed(tmp_path, ["--sandbox", "gvisor"])
+    setup = _setup(tmp_path)
     try:
-        _unreached(done, key, public, files)
+        _unreached(_attempt(setup, ["--sandbox", "gvisor"]), setup)
     finally:
-        subprocess.run([PY, "-m", "trialtool", "close", *files, "--signing-key", str(key)], capture_output=True)
+        _closed(setup)
 
 
 def test_a_container_keeps_the_signing_key_from_the_command(tmp_path: Path, engine: Engine) -> None:
-    done, key, public, files = _signed(tmp_path, ["--sandbox", engine.mode, "--image", engine.tag])
+    setup = _setup(tmp_path)
     try:
-        _unreached(done, key, public, files)
+        _unreached(_attempt(setup, ["--sandbox", engine.mode, "--image", engine.tag]), setup)
     finally:
-        subprocess.run([PY, "-m", "trialtool", "close", *files, "--signing-key", str(key)], capture_output=True)
+        _closed(setup)
